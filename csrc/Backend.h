@@ -1,0 +1,129 @@
+#pragma once
+
+// The one interface the tree manager drives. The tree manager knows nothing about CUDA or about
+// the CPU emulation: everything device-specific (pools, allocation routing, capture, replay,
+// checkpoint/restore of the pool's bookkeeping) lives behind this interface.
+//
+// The contract mirrors what the c10 CUDA caching allocator and at::cuda::CUDAGraph offer:
+//   - one private pool per backend instance (created in the constructor, released by
+//     releasePool() or the destructor);
+//   - beginAllocateToPool()/endAllocateToPool() route the *calling thread's* allocations into
+//     the pool (warmup, placeholder allocation);
+//   - capture() runs a function once with allocations routed into the pool and returns a Graph
+//     that can replay it at the recorded addresses without consulting the allocator;
+//   - checkpoint()/restore() follow getCheckpointState/setCheckpointPoolState: after a restore the
+//     pool's bookkeeping equals the checkpoint exactly; blocks that were allocated in the checkpoint
+//     come back as owning DataPtrs, everything else in the pool is free.
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace at {
+class Tensor;
+}  // namespace at
+
+namespace graphtrees {
+
+// A half-open byte range [begin, end) of device memory.
+struct Interval {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+};
+
+struct PoolStats {
+  int64_t reserved_bytes = 0;   // bytes of segments owned by the pool
+  int64_t allocated_bytes = 0;  // bytes of blocks currently allocated in the pool
+  int64_t segments = 0;
+  int64_t blocks = 0;            // all blocks, free and allocated
+  int64_t allocated_blocks = 0;
+};
+
+// Opaque snapshot of a pool's bookkeeping (c10's AllocatorState).
+struct Checkpoint {
+  virtual ~Checkpoint() = default;
+};
+
+// What a restore changed (c10's CheckpointDelta).
+struct RestoreResult {
+  std::vector<void*> ptrs_freed;            // blocks that were allocated before the restore
+  std::vector<c10::DataPtr> dataptrs_allocd;  // owning pointers to the checkpoint's allocated blocks
+};
+
+using RunFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+// A recorded graph.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  // Re-executes the recording. `inputs` are the tensors the recording saw, at the same
+  // addresses (placeholders for copied inputs; static and managed inputs in place). A CUDA graph
+  // ignores `run` and `inputs` (the addresses are baked in); the CPU emulation re-runs `run` on
+  // them. `run` is the current call's callable, so a graph keeps no Python object alive.
+  virtual void replay(const RunFn& run, const std::vector<at::Tensor>& inputs) = 0;
+  // Every byte range the recording wrote through the allocator (outputs and temporaries),
+  // sorted and merged. A replay writes inside these ranges only.
+  virtual const std::vector<Interval>& footprint() const = 0;
+  // Whether a replay runs the Python callable (true for the CPU emulation).
+  virtual bool replayRunsCallable() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual c10::Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // Frees the pool: called by reset(). Live blocks stay valid until their owners free them.
+  virtual void releasePool() = 0;
+
+  // Routes the calling thread's allocations into the pool until endAllocateToPool().
+  virtual void beginAllocateToPool() = 0;
+  virtual void endAllocateToPool() = 0;
+
+  // Runs `run(inputs)` once while recording into the pool; `outputs` receives its result (real,
+  // owning tensors that hold the recorded values). Throws what `run` throws, after undoing the
+  // capture.
+  virtual std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
+                                         std::vector<at::Tensor>* outputs,
+                                         const std::string& function_name) = 0;
+
+  // Copies `src[i]` into `dst[i]` (placeholders) before a replay.
+  virtual void copyInputs(const std::vector<at::Tensor>& dst,
+                          const std::vector<at::Tensor>& src) = 0;
+
+  // Waits for all work queued on the pool's memory.
+  virtual void synchronize() = 0;
+
+  virtual std::shared_ptr<Checkpoint> checkpoint() = 0;
+  virtual RestoreResult restore(const Checkpoint& checkpoint) = 0;
+
+  // Frees one allocated block of the pool (c10's raw_delete).
+  virtual void freeBlock(void* ptr) = 0;
+  // The deleter of owning DataPtrs that the pool hands out.
+  virtual c10::DeleterFnPtr poolDeleter() const = 0;
+  // Whether `ptr` lies inside a segment of this backend's pool.
+  virtual bool inPool(const void* ptr) const = 0;
+  // True iff the pool's allocated blocks are exactly `expected` (c10's checkPoolLiveAllocations).
+  virtual bool checkLiveAllocations(const std::unordered_set<void*>& expected) = 0;
+  // Start addresses of all allocated blocks (for diagnostics).
+  virtual std::vector<void*> allocatedBlocks() = 0;
+  virtual PoolStats stats() = 0;
+};
+
+// Sorts and merges overlapping or touching intervals in place.
+void mergeIntervals(std::vector<Interval>* intervals);
+
+// Creates the backend for a device, or returns nullptr with `why_not` set when no backend for it
+// was compiled in or it cannot be used (e.g. CUDA with a non-native allocator).
+std::unique_ptr<Backend> makeBackend(c10::Device device, std::string* why_not);
+
+}  // namespace graphtrees

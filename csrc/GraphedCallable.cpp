@@ -1,0 +1,206 @@
+#include "GraphedCallable.h"
+
+#include "Logging.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
+namespace graphtrees {
+
+std::atomic<uint64_t> GraphedCallable::module_epoch_counter_{1};
+
+namespace {
+
+std::atomic<int64_t> next_function_id{1};
+constexpr size_t kSignatureWarnLimit = 8;
+
+// Drops the locals of the frames an exception passed through, so that tensors allocated in the
+// pool by the failed call are freed now rather than when the traceback dies.
+void clearTracebackFrames(const py::error_already_set& e) {
+  try {
+    py::object tb = e.trace();
+    if (!tb.is_none()) py::module_::import("traceback").attr("clear_frames")(tb);
+  } catch (const py::error_already_set&) {
+    // Best effort only.
+  }
+}
+
+}  // namespace
+
+std::unique_lock<std::recursive_mutex> lockTree(TreeManager& tree) {
+  std::unique_lock<std::recursive_mutex> lock(tree.mutex(), std::try_to_lock);
+  if (!lock.owns_lock()) {
+    py::gil_scoped_release no_gil;  // the holder may need the GIL to finish
+    lock.lock();
+  }
+  return lock;
+}
+
+GraphedCallable::GraphedCallable(py::object fn, const std::vector<int64_t>& static_argnums,
+                                 int warmup_iters, int rerecord_limit, py::object module,
+                                 std::string name)
+    : fn_(std::move(fn)),
+      module_(std::move(module)),
+      name_(std::move(name)),
+      warmup_iters_(warmup_iters),
+      rerecord_limit_(rerecord_limit) {
+  TORCH_CHECK_VALUE(warmup_iters >= 1, "graphtrees.cudagraphify: warmup_iters must be >= 1, got ",
+                    warmup_iters);
+  TORCH_CHECK_VALUE(rerecord_limit >= 0,
+                    "graphtrees.cudagraphify: rerecord_limit must be >= 0, got ", rerecord_limit);
+  for (int64_t i : static_argnums) {
+    TORCH_CHECK_VALUE(i >= 0, "graphtrees.cudagraphify: static_argnums must be non-negative "
+                              "positions of positional arguments, got ", i);
+    if (static_cast<size_t>(i) >= static_args_.size()) static_args_.resize(i + 1, 0);
+    static_args_[i] = 1;
+  }
+  unsupported_.id = next_function_id++;
+  unsupported_.name = name_;
+}
+
+void GraphedCallable::refreshModuleTensors() {
+  const uint64_t e = module_epoch_counter_.load();
+  if (module_.is_none() || e == module_epoch_) return;
+  module_tensors_.clear();
+  for (py::handle p : module_.attr("parameters")()) module_tensors_.push_back(p.cast<at::Tensor>());
+  for (py::handle b : module_.attr("buffers")()) module_tensors_.push_back(b.cast<at::Tensor>());
+  module_epoch_ = e;
+}
+
+GraphedCallable::Signature& GraphedCallable::signatureFor(const FlatArgs& flat) {
+  auto it = signatures_.find(flat.key);
+  if (it != signatures_.end()) return *it->second;
+  auto sig = std::make_unique<Signature>();
+  FunctionRecord& r = sig->record;
+  r.id = next_function_id++;
+  r.name = signatures_.empty() ? name_ : name_ + "#" + std::to_string(signatures_.size());
+  r.is_static = flat.is_static;
+  r.warmup_iters = warmup_iters_;
+  r.rerecord_limit = rerecord_limit_;
+  if (signatures_.size() == kSignatureWarnLimit) {
+    logMessage(LogLevel::kWarning,
+               "'" + name_ + "' has been called with more than " +
+                   std::to_string(kSignatureWarnLimit) +
+                   " distinct signatures (shapes, dtypes or non-tensor argument values); each one "
+                   "is warmed up and recorded separately and keeps its own pool memory");
+  }
+  auto& ref = *sig;
+  signatures_.emplace(flat.key, std::move(sig));
+  return ref;
+}
+
+py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwargs,
+                                     const FlatArgs& flat, const std::string& reason) {
+  TreeManager* tree = nullptr;
+  if (!flat.tensors.empty()) tree = TreeManager::get(flat.tensors[0].device(), true, nullptr);
+  if (tree != nullptr) {
+    auto lock = lockTree(*tree);
+    tree->noteFallback(unsupported_, reason);
+  } else {
+    logMessage(LogLevel::kWarning, "running '" + name_ + "' eagerly: " + reason);
+  }
+  return fn_(*args, **kwargs);
+}
+
+py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs) {
+  // A graphed function called while another one is being warmed up, recorded or replayed on this
+  // thread is part of that run: it runs eagerly inside it.
+  if (TreeManager::inCall()) return fn_(*args, **kwargs);
+
+  FlatArgs flat;
+  flattenArgs(args, kwargs, static_args_, &flat);
+  if (!module_.is_none()) {
+    refreshModuleTensors();
+    flat.key.push_back(module_.attr("training").cast<bool>() ? 'R' : 'E');
+    for (const auto& t : module_tensors_) {
+      flat.tensors.push_back(t);
+      flat.is_static.push_back(1);
+    }
+  }
+  if (!flat.unsupported.empty()) return fallback(args, kwargs, flat, "it was called with " + flat.unsupported);
+  if (flat.tensors.empty()) {
+    return fallback(args, kwargs, flat, "it has no tensor arguments to tell its device");
+  }
+  const c10::Device device = flat.tensors[0].device();
+  const bool grad = at::GradMode::is_enabled();
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
+    const at::Tensor& t = flat.tensors[i];
+    if (t.device() != device) {
+      return fallback(args, kwargs, flat,
+                      "its tensors are on several devices (" + device.str() + " and " +
+                          t.device().str() + "); a graph runs on one device");
+    }
+    if (grad && t.requires_grad()) {
+      return fallback(args, kwargs, flat,
+                      std::string("it needs autograd: grad mode is on and ") +
+                          (flat.is_static[i] ? "a parameter or static input" : "an input") +
+                          " requires grad. Call it under torch.no_grad() or "
+                          "torch.inference_mode() to graph it");
+    }
+  }
+  std::string why_not;
+  TreeManager* tree = TreeManager::get(device, true, &why_not);
+  if (tree == nullptr) return fallback(args, kwargs, flat, why_not);
+
+  Signature& sig = signatureFor(flat);
+  py::object result;
+  const std::string& fname = sig.record.name;
+  RunFn run = [&](const std::vector<at::Tensor>& tensors) {
+    auto rebuilt = rebuildArgs(args, kwargs, tensors);
+    py::object out = fn_(*rebuilt.first, **rebuilt.second);
+    std::vector<at::Tensor> outs;
+    OutputSpec spec = OutputSpec::flatten(out, &outs, fname);
+    if (!sig.spec) {
+      sig.spec = std::make_unique<OutputSpec>(std::move(spec));
+    } else if (sig.record.eager_reason.empty() && !sig.spec->sameAs(spec)) {
+      sig.record.eager_reason =
+          "its non-tensor results change between calls (first " + sig.spec->describe() +
+          ", now " + spec.describe() + ")";
+      throw std::runtime_error(
+          "graphtrees: '" + fname + "' returned " + spec.describe() + " where an earlier call returned " +
+          sig.spec->describe() +
+          ". A recorded graph returns the non-tensor values it saw when it was recorded, so "
+          "results whose structure or Python values change between calls cannot be graphed; "
+          "return such values as tensors. This function runs eagerly from now on.");
+    }
+    result = std::move(out);
+    return outs;
+  };
+
+  auto lock = lockTree(*tree);
+  CallResult r;
+  try {
+    r = tree->call(sig.record, flat.tensors, run);
+  } catch (py::error_already_set& e) {
+    clearTracebackFrames(e);
+    throw;
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(e.what_without_backtrace());
+  }
+  py::object out = (r.kind == RunKind::kEager || r.kind == RunKind::kWarmup)
+                       ? std::move(result)
+                       : sig.spec->unflatten(r.outputs);
+  result = py::object();
+  r.outputs.clear();
+  tree->debugCheck(sig.record, r.kind);
+  return out;
+}
+
+py::list GraphedCallable::signatures() const {
+  py::list out;
+  for (const auto& kv : signatures_) {
+    const FunctionRecord& r = kv.second->record;
+    py::dict d;
+    d["function_id"] = r.id;
+    d["name"] = r.name;
+    d["warmups"] = r.warmups;
+    d["rerecords"] = r.rerecords;
+    d["eager_reason"] = r.eager_reason.empty() ? py::object(py::none()) : py::str(r.eager_reason);
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace graphtrees

@@ -1,0 +1,340 @@
+#include "PyTree.h"
+
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+
+namespace graphtrees {
+
+namespace {
+
+constexpr int kMaxDepth = 64;
+
+template <typename T>
+void appendRaw(std::string* key, const T& v) {
+  key->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+std::string typeName(PyObject* obj) { return Py_TYPE(obj)->tp_name; }
+
+bool isNamedTuple(PyObject* obj) {
+  return PyTuple_Check(obj) && PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(obj)), "_fields");
+}
+
+void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
+  if (!out->unsupported.empty()) return;
+  std::string* key = &out->key;
+  if (depth > kMaxDepth) {
+    out->unsupported = "arguments nested deeper than " + std::to_string(kMaxDepth) + " levels";
+    return;
+  }
+  if (THPVariable_Check(obj)) {
+    if (!THPVariable_CheckExact(obj)) {
+      out->unsupported = "an argument of tensor subclass type '" + typeName(obj) + "'";
+      return;
+    }
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.layout() != c10::kStrided || !t.has_storage()) {
+      out->unsupported = "a tensor argument with layout " + c10::str(t.layout()) +
+                         " (only strided tensors with storage can be graphed)";
+      return;
+    }
+    key->push_back('T');
+    appendRaw(key, static_cast<int8_t>(t.scalar_type()));
+    appendRaw(key, static_cast<int8_t>(t.device().type()));
+    appendRaw(key, static_cast<int8_t>(t.device().index()));
+    key->push_back(t.requires_grad() ? 1 : 0);
+    key->push_back(static_cast<char>(is_static));
+    appendRaw(key, static_cast<int16_t>(t.dim()));
+    for (int64_t s : t.sizes()) appendRaw(key, s);
+    for (int64_t s : t.strides()) appendRaw(key, s);
+    out->tensors.push_back(t);
+    out->is_static.push_back(is_static ? 1 : 0);
+  } else if (obj == Py_None) {
+    key->push_back('N');
+  } else if (PyBool_Check(obj)) {
+    key->push_back(obj == Py_True ? 't' : 'F');
+  } else if (PyLong_CheckExact(obj)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow != 0) {
+      key->push_back('I');
+      const std::string s = py::str(obj);
+      appendRaw(key, static_cast<uint32_t>(s.size()));
+      key->append(s);
+    } else {
+      key->push_back('i');
+      appendRaw(key, static_cast<int64_t>(v));
+    }
+  } else if (PyFloat_CheckExact(obj)) {
+    key->push_back('f');
+    appendRaw(key, PyFloat_AS_DOUBLE(obj));
+  } else if (PyUnicode_CheckExact(obj)) {
+    Py_ssize_t n = 0;
+    const char* s = PyUnicode_AsUTF8AndSize(obj, &n);
+    if (s == nullptr) throw py::error_already_set();
+    key->push_back('s');
+    appendRaw(key, static_cast<uint32_t>(n));
+    key->append(s, static_cast<size_t>(n));
+  } else if (PyTuple_CheckExact(obj) || isNamedTuple(obj)) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(obj);
+    key->push_back(PyTuple_CheckExact(obj) ? '(' : 'n');
+    if (!PyTuple_CheckExact(obj)) appendRaw(key, reinterpret_cast<uintptr_t>(Py_TYPE(obj)));
+    appendRaw(key, static_cast<uint32_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) flattenArg(PyTuple_GET_ITEM(obj, i), is_static, depth + 1, out);
+  } else if (PyList_CheckExact(obj)) {
+    const Py_ssize_t n = PyList_GET_SIZE(obj);
+    key->push_back('[');
+    appendRaw(key, static_cast<uint32_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) flattenArg(PyList_GET_ITEM(obj, i), is_static, depth + 1, out);
+  } else if (PyDict_CheckExact(obj)) {
+    key->push_back('{');
+    appendRaw(key, static_cast<uint32_t>(PyDict_GET_SIZE(obj)));
+    PyObject* k = nullptr;
+    PyObject* v = nullptr;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(obj, &pos, &k, &v)) {
+      if (THPVariable_Check(k)) {
+        out->unsupported = "a dict argument with tensor keys";
+        return;
+      }
+      flattenArg(k, is_static, depth + 1, out);
+      flattenArg(v, is_static, depth + 1, out);
+    }
+  } else {
+    const Py_hash_t h = PyObject_Hash(obj);
+    if (h == -1) {
+      PyErr_Clear();
+      out->unsupported = "an argument of unhashable type '" + typeName(obj) +
+                         "' (its value cannot be part of the call signature)";
+      return;
+    }
+    key->push_back('o');
+    appendRaw(key, reinterpret_cast<uintptr_t>(Py_TYPE(obj)));
+    appendRaw(key, static_cast<int64_t>(h));
+  }
+}
+
+py::object rebuildArg(py::handle obj, const std::vector<at::Tensor>& tensors, size_t* next) {
+  PyObject* o = obj.ptr();
+  if (THPVariable_Check(o)) {
+    TORCH_INTERNAL_ASSERT(*next < tensors.size());
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensors[(*next)++]));
+  }
+  if (PyTuple_CheckExact(o) || isNamedTuple(o)) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(o);
+    py::tuple items(n);
+    for (Py_ssize_t i = 0; i < n; ++i) items[i] = rebuildArg(PyTuple_GET_ITEM(o, i), tensors, next);
+    if (PyTuple_CheckExact(o)) return std::move(items);
+    return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(o)))(*items);
+  }
+  if (PyList_CheckExact(o)) {
+    const Py_ssize_t n = PyList_GET_SIZE(o);
+    py::list items(n);
+    for (Py_ssize_t i = 0; i < n; ++i) items[i] = rebuildArg(PyList_GET_ITEM(o, i), tensors, next);
+    return std::move(items);
+  }
+  if (PyDict_CheckExact(o)) {
+    py::dict d;
+    PyObject* k = nullptr;
+    PyObject* v = nullptr;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(o, &pos, &k, &v)) d[k] = rebuildArg(v, tensors, next);
+    return std::move(d);
+  }
+  return py::reinterpret_borrow<py::object>(obj);
+}
+
+bool sameConstant(const py::object& a, const py::object& b) {
+  if (a.is(b)) return true;
+  if (Py_TYPE(a.ptr()) != Py_TYPE(b.ptr())) return false;
+  if (PyFloat_CheckExact(a.ptr())) {
+    const double x = PyFloat_AS_DOUBLE(a.ptr());
+    const double y = PyFloat_AS_DOUBLE(b.ptr());
+    return std::memcmp(&x, &y, sizeof(double)) == 0;
+  }
+  const int r = PyObject_RichCompareBool(a.ptr(), b.ptr(), Py_EQ);
+  if (r < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  return r == 1;
+}
+
+}  // namespace
+
+void flattenArgs(py::handle args, py::handle kwargs, const std::vector<uint8_t>& static_args,
+                 FlatArgs* out) {
+  PyObject* a = args.ptr();
+  const Py_ssize_t n = PyTuple_GET_SIZE(a);
+  out->key.reserve(64);
+  appendRaw(&out->key, static_cast<uint32_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const bool is_static = static_cast<size_t>(i) < static_args.size() && static_args[i];
+    flattenArg(PyTuple_GET_ITEM(a, i), is_static, 0, out);
+  }
+  if (kwargs.ptr() != nullptr && kwargs.ptr() != Py_None && PyDict_GET_SIZE(kwargs.ptr()) > 0) {
+    out->key.push_back('K');
+    flattenArg(kwargs.ptr(), false, 0, out);
+  }
+}
+
+std::pair<py::tuple, py::dict> rebuildArgs(py::handle args, py::handle kwargs,
+                                           const std::vector<at::Tensor>& tensors) {
+  size_t next = 0;
+  py::tuple new_args = rebuildArg(args, tensors, &next);
+  py::dict new_kwargs;
+  if (kwargs.ptr() != nullptr && kwargs.ptr() != Py_None) {
+    new_kwargs = rebuildArg(kwargs, tensors, &next);
+  }
+  return {std::move(new_args), std::move(new_kwargs)};
+}
+
+OutputSpec OutputSpec::flatten(py::handle result, std::vector<at::Tensor>* tensors,
+                               const std::string& function_name) {
+  OutputSpec spec;
+  spec.flattenInto(result, tensors, function_name, 0);
+  return spec;
+}
+
+void OutputSpec::flattenInto(py::handle obj, std::vector<at::Tensor>* tensors,
+                             const std::string& name, int depth) {
+  PyObject* o = obj.ptr();
+  if (depth > kMaxDepth) {
+    throw py::type_error("graphtrees: the result of '" + name + "' is nested too deeply");
+  }
+  if (THPVariable_Check(o)) {
+    if (!THPVariable_CheckExact(o)) {
+      throw py::type_error("graphtrees: '" + name + "' returned a tensor subclass ('" +
+                           typeName(o) + "'), which graphtrees cannot rebuild on replay");
+    }
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (t.layout() != c10::kStrided || !t.has_storage()) {
+      throw py::type_error("graphtrees: '" + name + "' returned a tensor with layout " +
+                           c10::str(t.layout()) + "; only strided tensors can be graphed");
+    }
+    entries_.push_back({Kind::kTensor, 0, py::object()});
+    tensors->push_back(t);
+    return;
+  }
+  if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
+      PyUnicode_CheckExact(o) || PyComplex_CheckExact(o) || PyBytes_CheckExact(o)) {
+    entries_.push_back({Kind::kConstant, 0, py::reinterpret_borrow<py::object>(obj)});
+    return;
+  }
+  if (PyTuple_CheckExact(o) || isNamedTuple(o)) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(o);
+    if (PyTuple_CheckExact(o)) {
+      entries_.push_back({Kind::kTuple, n, py::object()});
+    } else {
+      entries_.push_back({Kind::kNamedTuple, n,
+                          py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(o)))});
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) flattenInto(PyTuple_GET_ITEM(o, i), tensors, name, depth + 1);
+    return;
+  }
+  if (PyList_CheckExact(o)) {
+    const Py_ssize_t n = PyList_GET_SIZE(o);
+    entries_.push_back({Kind::kList, n, py::object()});
+    for (Py_ssize_t i = 0; i < n; ++i) flattenInto(PyList_GET_ITEM(o, i), tensors, name, depth + 1);
+    return;
+  }
+  if (PyDict_CheckExact(o)) {
+    py::list keys;
+    std::vector<py::handle> values;
+    PyObject* k = nullptr;
+    PyObject* v = nullptr;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(o, &pos, &k, &v)) {
+      keys.append(k);
+      values.push_back(v);
+    }
+    entries_.push_back({Kind::kDict, static_cast<int64_t>(values.size()), py::tuple(keys)});
+    for (auto v2 : values) flattenInto(v2, tensors, name, depth + 1);
+    return;
+  }
+  throw py::type_error("graphtrees: '" + name + "' returned a value of type '" + typeName(o) +
+                       "'; graphed functions may return tensors, None, Python scalars and "
+                       "strings, in tuples, lists, namedtuples and dicts");
+}
+
+py::object OutputSpec::unflatten(const std::vector<at::Tensor>& tensors) const {
+  size_t pos = 0;
+  size_t next = 0;
+  py::object r = build(&pos, tensors, &next);
+  TORCH_INTERNAL_ASSERT(pos == entries_.size() && next == tensors.size());
+  return r;
+}
+
+py::object OutputSpec::build(size_t* pos, const std::vector<at::Tensor>& tensors,
+                             size_t* next) const {
+  const Entry& e = entries_[(*pos)++];
+  switch (e.kind) {
+    case Kind::kTensor:
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensors[(*next)++]));
+    case Kind::kConstant:
+      return e.value;
+    case Kind::kTuple:
+    case Kind::kNamedTuple: {
+      py::tuple items(e.count);
+      for (int64_t i = 0; i < e.count; ++i) items[i] = build(pos, tensors, next);
+      if (e.kind == Kind::kTuple) return std::move(items);
+      return e.value(*items);
+    }
+    case Kind::kList: {
+      py::list items(e.count);
+      for (int64_t i = 0; i < e.count; ++i) items[i] = build(pos, tensors, next);
+      return std::move(items);
+    }
+    case Kind::kDict: {
+      py::dict d;
+      py::tuple keys = e.value;
+      for (int64_t i = 0; i < e.count; ++i) d[keys[i]] = build(pos, tensors, next);
+      return std::move(d);
+    }
+  }
+  return py::none();
+}
+
+bool OutputSpec::sameAs(const OutputSpec& other) const {
+  if (entries_.size() != other.entries_.size()) return false;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& a = entries_[i];
+    const Entry& b = other.entries_[i];
+    if (a.kind != b.kind || a.count != b.count) return false;
+    if (a.kind == Kind::kConstant || a.kind == Kind::kDict || a.kind == Kind::kNamedTuple) {
+      if (!sameConstant(a.value, b.value)) return false;
+    }
+  }
+  return true;
+}
+
+std::string OutputSpec::describe() const {
+  std::string s;
+  for (const auto& e : entries_) {
+    switch (e.kind) {
+      case Kind::kTensor:
+        s += "T ";
+        break;
+      case Kind::kConstant:
+        s += py::repr(e.value).cast<std::string>() + " ";
+        break;
+      case Kind::kTuple:
+        s += "tuple[" + std::to_string(e.count) + "] ";
+        break;
+      case Kind::kNamedTuple:
+        s += py::str(e.value.attr("__name__")).cast<std::string>() + "[" + std::to_string(e.count) + "] ";
+        break;
+      case Kind::kList:
+        s += "list[" + std::to_string(e.count) + "] ";
+        break;
+      case Kind::kDict:
+        s += "dict" + py::repr(e.value).cast<std::string>() + " ";
+        break;
+    }
+  }
+  if (!s.empty()) s.pop_back();
+  return s;
+}
+
+}  // namespace graphtrees

@@ -1,0 +1,62 @@
+#pragma once
+
+// Flattening of Python arguments and results, in C++ so that the per-call cost stays small.
+//
+// Arguments: tensors (torch.Tensor and nn.Parameter, also inside tuples, lists, namedtuples and
+// dicts) are collected in order; everything else is part of the call signature, encoded as bytes
+// together with each tensor's shape, strides, dtype, device and requires_grad. Equal signatures
+// mean the same recorded function.
+//
+// Results: tensors, None, Python scalars and strings, in tuples, lists, namedtuples and dicts.
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <string>
+#include <vector>
+
+namespace graphtrees {
+
+namespace py = pybind11;
+
+struct FlatArgs {
+  std::vector<at::Tensor> tensors;
+  std::vector<uint8_t> is_static;  // per tensor
+  std::string key;                 // the call signature
+  std::string unsupported;         // why the arguments cannot be graphed, if they cannot
+};
+
+// Flattens `args` and `kwargs`. Tensors inside positional argument i are static when
+// `static_args[i]` is set.
+void flattenArgs(py::handle args, py::handle kwargs, const std::vector<uint8_t>& static_args,
+                 FlatArgs* out);
+
+// Rebuilds (args, kwargs) with the tensors replaced, in the order flattenArgs() found them.
+std::pair<py::tuple, py::dict> rebuildArgs(py::handle args, py::handle kwargs,
+                                           const std::vector<at::Tensor>& tensors);
+
+// The structure of a callable's result.
+class OutputSpec {
+ public:
+  // Flattens `result`; throws a TypeError naming the offending type for unsupported results.
+  static OutputSpec flatten(py::handle result, std::vector<at::Tensor>* tensors,
+                            const std::string& function_name);
+  py::object unflatten(const std::vector<at::Tensor>& tensors) const;
+  // Same structure and equal non-tensor values.
+  bool sameAs(const OutputSpec& other) const;
+  std::string describe() const;
+
+ private:
+  enum class Kind : uint8_t { kTensor, kConstant, kTuple, kList, kDict, kNamedTuple };
+  struct Entry {
+    Kind kind;
+    int64_t count = 0;  // children that follow (containers)
+    py::object value;   // constant value, dict keys (tuple) or namedtuple type
+  };
+  void flattenInto(py::handle obj, std::vector<at::Tensor>* tensors, const std::string& name,
+                   int depth);
+  py::object build(size_t* pos, const std::vector<at::Tensor>& tensors, size_t* next) const;
+  std::vector<Entry> entries_;  // pre-order
+};
+
+}  // namespace graphtrees

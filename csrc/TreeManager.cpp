@@ -1,0 +1,955 @@
+#include "TreeManager.h"
+
+#include "Logging.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+#include <c10/util/UniqueVoidPtr.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <sstream>
+
+namespace graphtrees {
+
+namespace {
+
+// A function called again in the generation it already ran in, on an output of that generation,
+// extends the path (an unrolled loop); after this many runs the path restarts instead, so that a
+// feedback loop `h = f(h)` reuses a bounded chain of recordings rather than recording forever.
+constexpr int kMaxRunsPerGeneration = 16;
+
+std::mutex& registryMutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, std::unique_ptr<TreeManager>>& registry() {
+  static std::map<std::string, std::unique_ptr<TreeManager>> trees;
+  return trees;
+}
+std::atomic<int64_t> g_step{0};
+std::atomic<uint64_t> g_epoch{1};
+thread_local int tls_call_depth = 0;
+std::atomic<bool> g_debug_checks{false};
+
+std::function<void()>& gcHook() {
+  static std::function<void()> hook;
+  return hook;
+}
+
+class CallDepthGuard {
+ public:
+  CallDepthGuard() { ++tls_call_depth; }
+  ~CallDepthGuard() { --tls_call_depth; }
+};
+
+class PoolRoutingGuard {
+ public:
+  explicit PoolRoutingGuard(Backend& backend) : backend_(backend) { backend_.beginAllocateToPool(); }
+  ~PoolRoutingGuard() { backend_.endAllocateToPool(); }
+
+ private:
+  Backend& backend_;
+};
+
+const char* kindName(RunKind k) {
+  switch (k) {
+    case RunKind::kEager:
+      return "eager";
+    case RunKind::kWarmup:
+      return "warmup";
+    case RunKind::kRecord:
+      return "record";
+    case RunKind::kReplay:
+      return "replay";
+  }
+  return "?";
+}
+
+std::string overwriteMessage(const std::string& producer, const std::string& by) {
+  return "graphtrees: this tensor was returned by a run of '" + producer +
+         "' and has been overwritten by a subsequent run (" + by +
+         "). Its memory belongs to graphtrees' pool, which later runs reuse. Call .clone() on "
+         "outputs you need to keep before running graphed functions again; "
+         "graphtrees.mark_step_begin() marks where a new step starts.";
+}
+
+c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                      c10::DataPtr(reinterpret_cast<void*>(ptr), device),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+std::string bytesString(int64_t n) {
+  std::ostringstream os;
+  if (n >= (1 << 20)) {
+    os.precision(1);
+    os << std::fixed << static_cast<double>(n) / (1 << 20) << " MiB";
+  } else if (n >= 1024) {
+    os.precision(1);
+    os << std::fixed << static_cast<double>(n) / 1024 << " KiB";
+  } else {
+    os << n << " B";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Registry
+
+TreeManager* TreeManager::get(c10::Device device, bool create, std::string* why_not) {
+  std::lock_guard<std::mutex> lock(registryMutex());
+  auto& trees = registry();
+  const std::string key = device.str();
+  auto it = trees.find(key);
+  if (it != trees.end()) return it->second.get();
+  if (!create) return nullptr;
+  std::string reason;
+  auto backend = makeBackend(device, &reason);
+  if (!backend) {
+    if (why_not) *why_not = reason;
+    return nullptr;
+  }
+  auto* tree = new TreeManager(std::move(backend));
+  trees.emplace(key, std::unique_ptr<TreeManager>(tree));
+  logMessage(LogLevel::kDebug, "created the tree for " + key + " (backend " +
+                                   tree->backend_->name() + ")");
+  return tree;
+}
+
+void TreeManager::resetAll() {
+  std::map<std::string, std::unique_ptr<TreeManager>> trees;
+  {
+    std::lock_guard<std::mutex> lock(registryMutex());
+    trees.swap(registry());
+    g_epoch++;
+  }
+  trees.clear();  // destructors invalidate live outputs and release the pools
+}
+
+void TreeManager::markStepBegin() { g_step++; }
+
+uint64_t TreeManager::epoch() { return g_epoch.load(); }
+
+bool TreeManager::inCall() { return tls_call_depth > 0; }
+
+void TreeManager::setCollectGarbageHook(std::function<void()> hook) { gcHook() = std::move(hook); }
+
+void TreeManager::setDebugChecks(bool on) { g_debug_checks = on; }
+
+TreeManager::TreeManager(std::unique_ptr<Backend> backend)
+    : backend_(std::move(backend)), root_(-1, nullptr), seen_step_(g_step.load()) {}
+
+TreeManager::~TreeManager() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  for (auto& kv : live_) {
+    try {
+      invalidate(kv.first, kv.second, "graphtrees.reset() freed the pool");
+    } catch (const std::exception& e) {
+      logMessage(LogLevel::kWarning, std::string("reset: ") + e.what());
+    }
+  }
+  live_.clear();
+  slot_of_.clear();
+  path_.clear();
+  current_ = nullptr;
+  root_.clearChildren();  // graphs first: they may hold references to the pool
+  backend_->releasePool();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bookkeeping helpers
+
+void TreeManager::resetFunctionIfStale(FunctionRecord& fn) {
+  const uint64_t e = epoch();
+  if (fn.epoch == e) return;
+  fn.epoch = e;
+  fn.warmups = 0;
+  fn.rerecords = 0;
+  fn.last_generation = -1;
+  fn.runs_in_generation = 0;
+}
+
+bool TreeManager::ownsPoolBlock(const c10::StorageImpl& storage) const {
+  return storage.data_ptr().get_deleter() == backend_->poolDeleter();
+}
+
+void TreeManager::trackStorage(const c10::Storage& storage, int64_t slot, TreeNode* node,
+                               const std::string& producer) {
+  Tracked t;
+  t.weak = storage.getWeakStorageImpl();
+  t.ptr = reinterpret_cast<uintptr_t>(storage.data());
+  t.nbytes = storage.nbytes();
+  t.generation = generation_;
+  t.node = node;
+  t.producer = producer;
+  live_.insert_or_assign(slot, std::move(t));
+  slot_of_[storage.unsafeGetStorageImpl()] = slot;
+  generation_slots_.push_back(slot);
+}
+
+void TreeManager::pruneDead() {
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (it->second.weak.expired()) {
+      slot_of_.erase(it->second.weak._unsafe_get_target());
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TreeManager::invalidate(int64_t slot, const Tracked& entry, const std::string& by) {
+  (void)slot;
+  auto strong = entry.weak.lock();
+  if (!strong) return;
+  if (ownsPoolBlock(*strong)) {
+    c10::DataPtr& dp = strong->mutable_data_ptr();
+    void* ptr = dp.get();
+    const bool swapped =
+        dp.compare_exchange_deleter(backend_->poolDeleter(), &c10::detail::deleteNothing);
+    TORCH_INTERNAL_ASSERT(swapped, "expected the pool's deleter");
+    backend_->freeBlock(ptr);
+  }
+  strong->release_data_and_set_meta_custom_data_ptr_error_msg_(
+      overwriteMessage(entry.producer, by));
+  num_invalidations_++;
+}
+
+bool TreeManager::allGenerationOutputsDead() {
+  for (int64_t slot : generation_slots_) {
+    auto it = live_.find(slot);
+    if (it != live_.end() && it->second.generation == generation_ && !it->second.weak.expired()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void TreeManager::noteGenerationRun(FunctionRecord& fn) {
+  if (fn.last_generation != generation_) {
+    fn.last_generation = generation_;
+    fn.runs_in_generation = 0;
+  }
+  fn.runs_in_generation++;
+}
+
+// Note [Ending a path]
+// A path ends when a new step begins (mark_step_begin(), or a function that already ran in this
+// generation is called again on inputs that do not come from this generation), or when every
+// output of the path is dead. Outputs of the ending generation that own pool blocks (outputs of
+// warmups and recordings, and outputs that a restore gave ownership) are freed now, so that the
+// next step can reuse their memory, and invalidated: as in PyTorch's trees, the previous step's
+// pool outputs are the next step's scratch memory. The current call's own inputs are spared.
+// Replayed outputs own nothing; they stay valid until a later replay or restore really reuses their
+// memory (see replay() and restoreCheckpoint()).
+void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>& spare) {
+  std::unordered_set<const c10::StorageImpl*> spared;
+  for (const auto& t : spare) spared.insert(t.storage().unsafeGetStorageImpl());
+  for (auto it = live_.begin(); it != live_.end();) {
+    auto strong = it->second.weak.lock();
+    if (!strong) {
+      slot_of_.erase(it->second.weak._unsafe_get_target());
+      it = live_.erase(it);
+      continue;
+    }
+    if (ownsPoolBlock(*strong) && !spared.count(strong.get())) {
+      invalidate(it->first, it->second, "a new step began: " + why);
+      slot_of_.erase(strong.get());
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (current_ != nullptr || state_ != PathState::kNone) {
+    logMessage(LogLevel::kDebug, "path ended: " + why);
+  }
+  path_.clear();
+  current_ = nullptr;
+  state_ = PathState::kNone;
+  generation_++;
+  generation_slots_.clear();
+}
+
+// Before anything allocates in the pool after replays, the pool's bookkeeping must describe the
+// memory that live outputs occupy. See Note [Checkpointing].
+void TreeManager::prepareToAllocate(std::vector<at::Tensor>* inputs) {
+  if (!dirty_) return;
+  if (current_ != nullptr) {
+    restoreCheckpoint(current_, inputs);
+    return;
+  }
+  // The path ended after replays. Blocks that live outputs own are allocated in the pool; replayed
+  // outputs own nothing, so the allocator may hand their memory out again: they are invalidated.
+  std::unordered_set<int64_t> at_risk;
+  for (auto& kv : live_) {
+    auto strong = kv.second.weak.lock();
+    if (strong && !ownsPoolBlock(*strong)) at_risk.insert(kv.first);
+  }
+  cloneInputsAtRisk(inputs, at_risk);
+  for (int64_t slot : at_risk) {
+    auto it = live_.find(slot);
+    invalidate(slot, it->second, "a new recording or warmup reuses its memory");
+    slot_of_.erase(it->second.weak._unsafe_get_target());
+    live_.erase(it);
+  }
+  dirty_ = false;
+}
+
+void TreeManager::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
+                                    const std::unordered_set<int64_t>& slots_at_risk) {
+  if (slots_at_risk.empty()) return;
+  for (auto& t : *inputs) {
+    auto it = slot_of_.find(t.storage().unsafeGetStorageImpl());
+    if (it != slot_of_.end() && slots_at_risk.count(it->second)) t = t.clone();
+  }
+}
+
+// Note [Checkpointing]
+// After node N is recorded, the pool's state is checkpointed (backend checkpoint()) together with
+// the set of output slots that were live at that moment. Replays write memory without telling the
+// allocator: afterwards its bookkeeping no longer matches what live outputs occupy (replayed
+// outputs are non-owning views of pool memory). Before the pool must allocate again -- a warmup or
+// a new recording while the path continues from N -- the pool is restored to N's checkpoint:
+//   1. every live output that owns a pool block gives up ownership (its deleter becomes a no-op),
+//      because the restore frees every block;
+//   2. the restore re-creates N's layout; blocks that were allocated in it come back as owning
+//      DataPtrs;
+//   3. each live output whose slot was live at N's checkpoint takes the DataPtr of its block
+//      (set_data_ptr_noswap), so the allocator cannot hand that memory out and the block is freed
+//      when the tensor dies;
+//   4. blocks whose tensors died since are freed (their DataPtrs are simply dropped), and live
+//      outputs that the checkpoint does not protect are invalidated: the new run may reuse them.
+// Only the allocator's bookkeeping is reset, never memory contents, so live outputs keep their data.
+void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs) {
+  backend_->synchronize();
+  pruneDead();
+  auto owningPtrs = [this] {
+    std::unordered_set<void*> owning;
+    for (auto& kv : live_) {
+      auto strong = kv.second.weak.lock();
+      if (strong && ownsPoolBlock(*strong)) owning.insert(reinterpret_cast<void*>(kv.second.ptr));
+    }
+    return owning;
+  };
+  if (!backend_->checkLiveAllocations(owningPtrs())) {
+    if (gcHook()) gcHook()();
+    pruneDead();
+    const auto owning = owningPtrs();
+    if (!backend_->checkLiveAllocations(owning)) {
+      int64_t extra = 0;
+      for (void* p : backend_->allocatedBlocks()) extra += owning.count(p) ? 0 : 1;
+      TORCH_CHECK(false, "graphtrees: ", extra,
+                  " tensor(s) allocated in graphtrees' pool by a warmup or recording are still "
+                  "alive but were never returned by the graphed function (for example a cache "
+                  "created lazily inside forward and stored on a module or in a global). The pool "
+                  "cannot be restored for the next recording without freeing their memory. Create "
+                  "such state before wrapping the function (e.g. run it once eagerly), register "
+                  "it as a buffer before the first call, or return it.");
+    }
+  }
+  std::unordered_set<int64_t> at_risk;
+  for (auto& kv : live_) {
+    if (!std::binary_search(node->checkpoint_live_slots_.begin(),
+                            node->checkpoint_live_slots_.end(), kv.first)) {
+      at_risk.insert(kv.first);
+    }
+  }
+  cloneInputsAtRisk(inputs, at_risk);
+  for (auto& kv : live_) {
+    auto strong = kv.second.weak.lock();
+    if (strong && ownsPoolBlock(*strong)) {
+      const bool swapped = strong->mutable_data_ptr().compare_exchange_deleter(
+          backend_->poolDeleter(), &c10::detail::deleteNothing);
+      TORCH_INTERNAL_ASSERT(swapped);
+    }
+  }
+  RestoreResult delta = backend_->restore(*node->checkpoint_);
+  std::unordered_map<uintptr_t, c10::DataPtr*> by_ptr;
+  for (auto& dp : delta.dataptrs_allocd) by_ptr[reinterpret_cast<uintptr_t>(dp.get())] = &dp;
+  for (auto it = live_.begin(); it != live_.end();) {
+    auto strong = it->second.weak.lock();
+    if (!strong) {
+      slot_of_.erase(it->second.weak._unsafe_get_target());
+      it = live_.erase(it);
+      continue;
+    }
+    if (at_risk.count(it->first)) {
+      invalidate(it->first, it->second,
+                 "the pool was restored for a new run of the tree and reuses its memory");
+      slot_of_.erase(strong.get());
+      it = live_.erase(it);
+      continue;
+    }
+    auto found = by_ptr.find(it->second.ptr);
+    TORCH_INTERNAL_ASSERT(found != by_ptr.end(),
+                          "a live output's block is missing from the restored checkpoint");
+    strong->set_data_ptr_noswap(std::move(*found->second));
+    by_ptr.erase(found);
+    ++it;
+  }
+  // DataPtrs left in `delta` belong to blocks whose tensors died: dropping them frees the blocks.
+  num_checkpoints_++;
+  dirty_ = false;
+  logMessage(LogLevel::kDebug, "restored the pool to the checkpoint of node " +
+                                   std::to_string(node->id()) + " ('" + node->function_name_ +
+                                   "'); checkpoints so far: " + std::to_string(num_checkpoints_));
+}
+
+bool TreeManager::deadBeforeHolds(const TreeNode& node) {
+  for (int64_t slot : node.dead_before_) {
+    auto it = live_.find(slot);
+    if (it != live_.end() && it->second.generation == generation_ && !it->second.weak.expired()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The call
+
+TreeManager::Classified TreeManager::classify(const FunctionRecord& fn,
+                                              const std::vector<at::Tensor>& inputs) {
+  Classified c;
+  c.kinds.resize(inputs.size(), InputKind::kCopied);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (fn.is_static[i]) {
+      c.kinds[i] = InputKind::kStatic;
+      c.key_ptrs.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
+      continue;
+    }
+    auto it = slot_of_.find(t.storage().unsafeGetStorageImpl());
+    if (it == slot_of_.end()) continue;
+    const Tracked& e = live_.at(it->second);
+    if (e.generation != generation_) continue;
+    c.consumes_generation_output = true;
+    if (e.node != nullptr) {
+      c.kinds[i] = InputKind::kManaged;
+      c.key_ptrs.push_back(static_cast<uintptr_t>(i));
+      c.key_ptrs.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
+    }
+  }
+  c.key_hash = TreeNode::hashKey(fn.id, c.key_ptrs);
+  return c;
+}
+
+TreeNode* TreeManager::findChild(const FunctionRecord& fn, const Classified& cls,
+                                 std::string* mismatch) {
+  TreeNode* parent = current_ != nullptr ? current_ : &root_;
+  if (const auto* candidates = parent->childrenFor(cls.key_hash)) {
+    for (TreeNode* c : *candidates) {
+      if (!c->keyEquals(fn.id, cls.key_ptrs)) continue;
+      if (deadBeforeHolds(*c)) return c;
+      *mismatch = "an output of an earlier call in this step that was dead when node " +
+                  std::to_string(c->id()) + " was recorded is alive now";
+    }
+  }
+  if (mismatch->empty()) {
+    // Explain why no recording of this function under this parent matches (rare path).
+    for (const auto& c : parent->ownedChildren()) {
+      if (c->function_id_ != fn.id) continue;
+      size_t k = 0;
+      for (size_t i = 0; i < cls.kinds.size() && mismatch->empty(); ++i) {
+        const InputKind then = c->input_kinds_[i];
+        if (then != cls.kinds[i]) {
+          *mismatch = "input " + std::to_string(i) +
+                      (then == InputKind::kManaged ? " was an output of the previous call when "
+                                                     "recorded and is not now"
+                                                   : " is an output of the previous call now");
+        } else if (then == InputKind::kStatic) {
+          if (c->key_ptrs_[k] != cls.key_ptrs[k]) {
+            *mismatch = "static input " + std::to_string(i) + " changed address";
+          }
+          k += 1;
+        } else if (then == InputKind::kManaged) {
+          if (c->key_ptrs_[k + 1] != cls.key_ptrs[k + 1]) {
+            *mismatch = "input " + std::to_string(i) + " (an output of an earlier call) changed address";
+          }
+          k += 2;
+        }
+      }
+      if (!mismatch->empty()) break;
+    }
+  }
+  return nullptr;
+}
+
+CallResult TreeManager::call(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                             const RunFn& run) {
+  CallDepthGuard depth;
+  return callImpl(fn, inputs, run);
+}
+
+void TreeManager::debugCheck(const FunctionRecord& fn, RunKind kind) {
+  if (!g_debug_checks.load()) return;
+  std::string why;
+  TORCH_INTERNAL_ASSERT(checkPoolInvariants(&why), "graphtrees pool invariant broken after a ",
+                        kindName(kind), " of '", fn.name, "': ", why);
+}
+
+CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                                 const RunFn& run) {
+  TORCH_INTERNAL_ASSERT(fn.is_static.size() == inputs.size());
+  resetFunctionIfStale(fn);
+  if (!fn.eager_reason.empty()) return runEager(fn, inputs, run, fn.eager_reason);
+
+  const int64_t step = g_step.load();
+  if (step != seen_step_) {
+    seen_step_ = step;
+    endPath("graphtrees.mark_step_begin() was called", inputs);
+  }
+  if ((state_ == PathState::kWarmup || state_ == PathState::kRecording) &&
+      allGenerationOutputsDead()) {
+    endPath("every output of the current path is dead", inputs);
+  }
+  Classified cls = classify(fn, inputs);
+  if (fn.last_generation == generation_ &&
+      (!cls.consumes_generation_output || fn.runs_in_generation >= kMaxRunsPerGeneration)) {
+    endPath("'" + fn.name + "' was called again", inputs);
+    cls = classify(fn, inputs);
+  }
+  if (state_ == PathState::kWarmup || fn.warmups < fn.warmup_iters) {
+    return warmup(fn, inputs, run);
+  }
+  std::string mismatch;
+  TreeNode* node = findChild(fn, cls, &mismatch);
+  if (node == nullptr && current_ != nullptr && root_functions_.count(fn.id) &&
+      allGenerationOutputsDead()) {
+    endPath("every output of the current path is dead", inputs);
+    cls = classify(fn, inputs);
+    mismatch.clear();
+    node = findChild(fn, cls, &mismatch);
+  }
+  if (node != nullptr) return replay(*node, fn, inputs, run);
+
+  TreeNode* parent = current_ != nullptr ? current_ : &root_;
+  if (parent->countChildrenOf(fn.id) > 0) {
+    if (mismatch.empty()) mismatch = "no recording matches the inputs";
+    fn.rerecords++;
+    num_rerecords_++;
+    if (fn.rerecords > fn.rerecord_limit) {
+      fn.eager_reason = "it was re-recorded " + std::to_string(fn.rerecords - 1) +
+                        " times (rerecord_limit=" + std::to_string(fn.rerecord_limit) +
+                        "), last because " + mismatch;
+      return runEager(fn, inputs, run, fn.eager_reason);
+    }
+    logMessage(LogLevel::kInfo, "re-recording '" + fn.name + "' under " +
+                                    (current_ ? "node " + std::to_string(current_->id()) : "the root") +
+                                    " because " + mismatch + " (re-record " +
+                                    std::to_string(fn.rerecords) + " of at most " +
+                                    std::to_string(fn.rerecord_limit) + ")");
+  }
+  return record(fn, inputs, run, cls);
+}
+
+void TreeManager::noteFallback(FunctionRecord& fn, const std::string& reason) {
+  num_fallbacks_++;
+  if (logged_.insert(std::to_string(fn.id) + "\n" + reason).second) {
+    logMessage(LogLevel::kWarning, "running '" + fn.name + "' eagerly: " + reason);
+  }
+}
+
+CallResult TreeManager::runEager(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                                 const RunFn& run, const std::string& reason) {
+  noteFallback(fn, reason);
+  return {run(inputs), RunKind::kEager};
+}
+
+namespace {
+// Version counters of the inputs a function must not mutate; inference tensors have none.
+std::vector<int64_t> versionsOf(const std::vector<at::Tensor>& tensors,
+                                const std::vector<int64_t>& which) {
+  std::vector<int64_t> v;
+  v.reserve(which.size());
+  for (int64_t i : which) {
+    const auto& t = tensors[i];
+    v.push_back(t.is_inference() ? -1 : static_cast<int64_t>(t._version()));
+  }
+  return v;
+}
+}  // namespace
+
+CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                               const RunFn& run) {
+  std::vector<at::Tensor> ins = inputs;
+  prepareToAllocate(&ins);
+  std::vector<int64_t> unmanaged;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (!fn.is_static[i] && !slot_of_.count(ins[i].storage().unsafeGetStorageImpl())) {
+      unmanaged.push_back(static_cast<int64_t>(i));
+    }
+  }
+  const auto before = versionsOf(ins, unmanaged);
+  std::vector<at::Tensor> outs;
+  {
+    PoolRoutingGuard routing(*backend_);
+    outs = run(ins);
+  }
+  const auto after = versionsOf(ins, unmanaged);
+  for (size_t k = 0; k < unmanaged.size(); ++k) {
+    if (before[k] != after[k]) {
+      fn.eager_reason = "it mutates its input tensor #" + std::to_string(unmanaged[k]) +
+                        " in place; a graph would mutate a private copy instead. Pass it through "
+                        "static_argnums if its address is stable";
+      noteFallback(fn, fn.eager_reason);
+      break;
+    }
+  }
+  std::unordered_set<const c10::StorageImpl*> input_storages;
+  for (const auto& t : ins) input_storages.insert(t.storage().unsafeGetStorageImpl());
+  for (const auto& t : outs) {
+    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    if (input_storages.count(impl) || slot_of_.count(impl) || impl->nbytes() == 0) continue;
+    if (!backend_->inPool(impl->data())) continue;
+    trackStorage(t.storage(), next_slot_id_++, nullptr, fn.name);
+  }
+  fn.warmups++;
+  num_warmups_++;
+  state_ = PathState::kWarmup;
+  noteGenerationRun(fn);
+  logMessage(LogLevel::kDebug, "warmed up '" + fn.name + "' (" + std::to_string(fn.warmups) + "/" +
+                                   std::to_string(fn.warmup_iters) + ")");
+  return {std::move(outs), RunKind::kWarmup};
+}
+
+CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                               const RunFn& run, const Classified& cls) {
+  std::vector<at::Tensor> ins = inputs;
+  prepareToAllocate(&ins);
+  pruneDead();
+  const c10::Device device = backend_->device();
+
+  // Placeholders for copied inputs, allocated in the pool (outside the capture).
+  std::vector<at::Tensor> run_inputs = ins;
+  std::vector<int64_t> copied;
+  std::vector<uint8_t> dense(ins.size(), 1);
+  {
+    PoolRoutingGuard routing(*backend_);
+    for (size_t i = 0; i < ins.size(); ++i) {
+      if (cls.kinds[i] != InputKind::kCopied) continue;
+      const at::Tensor& src = ins[i];
+      dense[i] = src.is_non_overlapping_and_dense() ? 1 : 0;
+      at::Tensor ph = dense[i] ? at::empty_strided(src.sizes(), src.strides(), src.options())
+                               : at::empty(src.sizes(), src.options());
+      ph.copy_(src);
+      run_inputs[i] = std::move(ph);
+      copied.push_back(static_cast<int64_t>(i));
+    }
+  }
+  const auto before = versionsOf(run_inputs, copied);
+
+  std::vector<at::Tensor> outs;
+  std::unique_ptr<Graph> graph = backend_->capture(run, run_inputs, &outs, fn.name);
+
+  const auto after = versionsOf(run_inputs, copied);
+  for (size_t k = 0; k < copied.size(); ++k) {
+    if (before[k] != after[k]) {
+      fn.eager_reason = "it mutates its input tensor #" + std::to_string(copied[k]) +
+                        " in place; a graph would mutate a private copy instead";
+      outs.clear();
+      graph.reset();
+      return runEager(fn, inputs, run, fn.eager_reason);
+    }
+  }
+
+  auto node = std::make_unique<TreeNode>(next_node_id_, current_);
+  node->function_id_ = fn.id;
+  node->function_name_ = fn.name;
+  node->input_kinds_ = cls.kinds;
+  node->key_ptrs_ = cls.key_ptrs;
+  node->key_hash_ = cls.key_hash;
+  node->copied_inputs_ = copied;
+  node->footprint_ = graph->footprint();
+  for (int64_t i : copied) {
+    const auto& ph = run_inputs[i];
+    const auto begin = reinterpret_cast<uintptr_t>(ph.storage().data());
+    node->footprint_.push_back({begin, begin + ph.storage().nbytes()});
+  }
+  mergeIntervals(&node->footprint_);
+
+  // Classify the outputs.
+  std::unordered_map<const c10::StorageImpl*, int64_t> input_of;
+  for (size_t i = 0; i < run_inputs.size(); ++i) {
+    input_of.emplace(run_inputs[i].storage().unsafeGetStorageImpl(), static_cast<int64_t>(i));
+  }
+  std::unordered_map<const c10::StorageImpl*, int64_t> slot_index;
+  std::vector<c10::Storage> slot_storages;
+  for (const auto& o : outs) {
+    TORCH_CHECK(o.device() == device, "graphtrees: '", fn.name, "' returned a tensor on ",
+                o.device(), " while its graph runs on ", device,
+                "; every tensor output of a graphed function must be on the graph's device.");
+    OutputInfo info;
+    info.meta = metaOf(o);
+    c10::StorageImpl* impl = o.storage().unsafeGetStorageImpl();
+    const auto data = reinterpret_cast<uintptr_t>(impl->data());
+    const size_t nbytes = impl->nbytes();
+    auto in = input_of.find(impl);
+    auto known = slot_index.find(impl);
+    if (nbytes == 0 || data == 0) {
+      info.kind = OutputKind::kEmpty;
+    } else if (in != input_of.end() &&
+               !(cls.kinds[in->second] == InputKind::kCopied && !dense[in->second])) {
+      // Keeps eager's aliasing: the output is a view of the caller's own input.
+      info.kind = OutputKind::kInputAlias;
+      info.index = in->second;
+      const auto& src = run_inputs[in->second];
+      info.byte_delta = o.storage_offset() * static_cast<int64_t>(o.itemsize()) -
+                        src.storage_offset() * static_cast<int64_t>(src.itemsize());
+    } else if (known != slot_index.end()) {
+      info.kind = OutputKind::kPool;
+      info.index = known->second;
+    } else if (node->overlapsFootprint(data, data + nbytes)) {
+      info.kind = OutputKind::kPool;
+      info.index = static_cast<int64_t>(node->slots_.size());
+      slot_index.emplace(impl, info.index);
+      node->slots_.push_back({next_slot_id_++, data, nbytes});
+      slot_storages.push_back(o.storage());
+    } else {
+      TORCH_CHECK(!slot_of_.count(impl), "graphtrees: '", fn.name,
+                  "' returned a tensor produced by an earlier graphed call that was not passed "
+                  "to it as an argument. Pass that tensor as an argument instead of capturing it.");
+      info.kind = OutputKind::kConstant;
+      info.index = static_cast<int64_t>(node->constants_.size());
+      node->constants_.push_back(o.storage());
+    }
+    node->outputs_.push_back(std::move(info));
+  }
+
+  // Ancestor outputs that are dead now: a later replay is valid only while they stay dead.
+  for (TreeNode* p : path_) {
+    for (const auto& s : p->slots_) {
+      auto it = live_.find(s.id);
+      if (it == live_.end() || it->second.generation != generation_ || it->second.weak.expired()) {
+        node->dead_before_.push_back(s.id);
+      }
+    }
+  }
+
+  // Placeholders become non-owning views: their blocks are free for descendants once this
+  // recording is done (unless an output keeps them), and a replay copies into the same address.
+  for (int64_t i : copied) {
+    const auto& ph = run_inputs[i];
+    node->placeholders_.push_back(makeTensor(
+        nonOwningStorage(reinterpret_cast<uintptr_t>(ph.storage().data()), ph.storage().nbytes(),
+                         device),
+        metaOf(ph)));
+  }
+  node->graph_ = std::move(graph);
+  outs.clear();
+  run_inputs.clear();
+
+  TreeNode* parent = current_ != nullptr ? current_ : &root_;
+  TreeNode* raw = parent->addChild(std::move(node));
+  next_node_id_++;
+  num_nodes_++;
+  if (current_ == nullptr) root_functions_.insert(fn.id);
+  for (size_t k = 0; k < raw->slots_.size(); ++k) {
+    trackStorage(slot_storages[k], raw->slots_[k].id, raw, fn.name);
+  }
+  backend_->synchronize();
+  raw->checkpoint_ = backend_->checkpoint();
+  for (auto& kv : live_) {
+    if (!kv.second.weak.expired()) raw->checkpoint_live_slots_.push_back(kv.first);
+  }
+  std::sort(raw->checkpoint_live_slots_.begin(), raw->checkpoint_live_slots_.end());
+
+  path_.push_back(raw);
+  current_ = raw;
+  state_ = PathState::kRecording;
+  dirty_ = false;
+  num_recordings_++;
+  noteGenerationRun(fn);
+  logMessage(LogLevel::kInfo,
+             "recorded node " + std::to_string(raw->id()) + " for '" + fn.name + "' under " +
+                 (raw->parent() ? "node " + std::to_string(raw->parent()->id()) : "the root") +
+                 " (" + std::to_string(copied.size()) + " copied inputs, " +
+                 std::to_string(raw->slots_.size()) + " output blocks, " +
+                 bytesString(raw->poolBytes()) + " written)");
+  return {raw->buildOutputs(slot_storages, inputs), RunKind::kRecord};
+}
+
+CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
+                               const std::vector<at::Tensor>& inputs, const RunFn& run) {
+  const c10::Device device = backend_->device();
+  const auto& copied = node.copied_inputs_;
+  std::vector<at::Tensor> sources;
+  sources.reserve(copied.size());
+  for (int64_t i : copied) {
+    const at::Tensor& src = inputs[i];
+    const auto begin = reinterpret_cast<uintptr_t>(src.storage().data());
+    // A source inside memory this replay writes must be read before anything is written.
+    sources.push_back(node.overlapsFootprint(begin, begin + src.storage().nbytes()) ? src.clone()
+                                                                                  : src);
+  }
+  // Outputs of earlier runs that live in memory this replay writes are overwritten now.
+  for (auto it = live_.begin(); it != live_.end();) {
+    const Tracked& e = it->second;
+    if (e.weak.expired()) {
+      slot_of_.erase(e.weak._unsafe_get_target());
+      it = live_.erase(it);
+    } else if (node.overlapsFootprint(e.ptr, e.ptr + e.nbytes)) {
+      invalidate(it->first, e, "a replay of '" + fn.name + "' wrote to its memory");
+      slot_of_.erase(e.weak._unsafe_get_target());
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  dirty_ = true;
+  backend_->copyInputs(node.placeholders_, sources);
+  if (node.graph_->replayRunsCallable()) {
+    std::vector<at::Tensor> replay_inputs = inputs;
+    for (size_t k = 0; k < copied.size(); ++k) replay_inputs[copied[k]] = node.placeholders_[k];
+    node.graph_->replay(run, replay_inputs);
+  } else {
+    node.graph_->replay(run, {});
+  }
+  std::vector<c10::Storage> storages;
+  storages.reserve(node.slots_.size());
+  for (const auto& s : node.slots_) {
+    storages.push_back(nonOwningStorage(s.ptr, s.nbytes, device));
+    trackStorage(storages.back(), s.id, &node, fn.name);
+  }
+  path_.push_back(&node);
+  current_ = &node;
+  state_ = PathState::kExecution;
+  node.replays_++;
+  num_replays_++;
+  noteGenerationRun(fn);
+  return {node.buildOutputs(storages, inputs), RunKind::kReplay};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Introspection
+
+TreeInfo TreeManager::info() {
+  pruneDead();
+  TreeInfo t;
+  t.device = backend_->device().str();
+  t.backend = backend_->name();
+  switch (state_) {
+    case PathState::kNone:
+      t.state = "none";
+      break;
+    case PathState::kWarmup:
+      t.state = "warmup";
+      break;
+    case PathState::kRecording:
+      t.state = "recording";
+      break;
+    case PathState::kExecution:
+      t.state = "execution";
+      break;
+  }
+  t.generation = generation_;
+  t.num_nodes = num_nodes_;
+  t.num_roots = static_cast<int64_t>(root_.ownedChildren().size());
+  t.num_checkpoints = num_checkpoints_;
+  t.num_rerecords = num_rerecords_;
+  t.num_fallbacks = num_fallbacks_;
+  t.num_warmups = num_warmups_;
+  t.num_recordings = num_recordings_;
+  t.num_replays = num_replays_;
+  t.num_invalidations = num_invalidations_;
+  t.live_outputs = static_cast<int64_t>(live_.size());
+  t.current_node = current_ ? current_->id() : -1;
+  t.pool = backend_->stats();
+  std::unordered_map<int64_t, int64_t> live_per_node;
+  for (auto& kv : live_) {
+    if (kv.second.node) live_per_node[kv.second.node->id()]++;
+  }
+  std::vector<const TreeNode*> stack;
+  for (const auto& c : root_.ownedChildren()) stack.push_back(c.get());
+  std::reverse(stack.begin(), stack.end());
+  while (!stack.empty()) {
+    const TreeNode* n = stack.back();
+    stack.pop_back();
+    NodeInfo ni;
+    ni.id = n->id();
+    ni.parent = n->parent() ? n->parent()->id() : -1;
+    ni.function_id = n->function_id_;
+    ni.function = n->function_name_;
+    for (const auto& c : n->ownedChildren()) ni.children.push_back(c->id());
+    ni.pool_bytes = n->poolBytes();
+    ni.num_outputs = static_cast<int64_t>(n->outputs_.size());
+    ni.live_outputs = live_per_node.count(n->id()) ? live_per_node[n->id()] : 0;
+    ni.replays = n->replays_;
+    ni.on_current_path = std::find(path_.begin(), path_.end(), n) != path_.end();
+    t.nodes.push_back(std::move(ni));
+    for (auto it = n->ownedChildren().rbegin(); it != n->ownedChildren().rend(); ++it) {
+      stack.push_back(it->get());
+    }
+  }
+  return t;
+}
+
+std::string TreeManager::toDot() {
+  const TreeInfo t = info();
+  std::ostringstream os;
+  auto escape = [](const std::string& s) {
+    std::string r;
+    for (char ch : s) {
+      if (ch == '"' || ch == '\\') r += '\\';
+      r += ch;
+    }
+    return r;
+  };
+  os << "digraph graphtrees {\n";
+  os << "  label=\"graphtrees tree on " << escape(t.device) << " (pool reserved "
+     << bytesString(t.pool.reserved_bytes) << ")\";\n";
+  os << "  node [shape=box, fontname=\"monospace\"];\n";
+  for (const auto& n : t.nodes) {
+    os << "  n" << n.id << " [label=\"#" << n.id << " " << escape(n.function) << "\\n"
+       << bytesString(n.pool_bytes) << " written";
+    if (n.live_outputs > 0) os << "\\nlive outputs: " << n.live_outputs;
+    os << "\"";
+    if (n.live_outputs > 0) os << ", style=filled, fillcolor=\"#c6efce\"";
+    if (n.on_current_path) os << ", penwidth=2";
+    os << "];\n";
+  }
+  for (const auto& n : t.nodes) {
+    if (n.parent >= 0) os << "  n" << n.parent << " -> n" << n.id << ";\n";
+  }
+  os << "}\n";
+  return os.str();
+}
+
+bool TreeManager::checkPoolInvariants(std::string* why) {
+  pruneDead();
+  std::unordered_set<void*> owning;
+  int64_t non_owning = 0;
+  for (auto& kv : live_) {
+    auto strong = kv.second.weak.lock();
+    if (!strong) continue;
+    if (ownsPoolBlock(*strong)) {
+      owning.insert(reinterpret_cast<void*>(kv.second.ptr));
+    } else {
+      non_owning++;
+    }
+  }
+  if (!backend_->checkLiveAllocations(owning)) {
+    const auto blocks = backend_->allocatedBlocks();
+    int64_t extra = 0;
+    for (void* p : blocks) extra += owning.count(p) ? 0 : 1;
+    *why = "the pool has " + std::to_string(blocks.size()) + " allocated blocks, " +
+           std::to_string(extra) + " of them not owned by a tracked live output; tracked owning "
+           "outputs: " + std::to_string(owning.size());
+    return false;
+  }
+  if (!dirty_ && non_owning > 0) {
+    *why = std::to_string(non_owning) +
+           " live outputs do not own their blocks although no replay happened since the pool "
+           "was last exact";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace graphtrees

@@ -1,0 +1,198 @@
+#pragma once
+
+// The tree manager: one per device, shared by every wrapped callable on that device. It decides,
+// for each call, whether to warm up, record a new node or replay an existing one; it owns the
+// private pool (through its Backend), tracks the liveness of every output it handed out, restores
+// the pool to checkpoints on branch switches and invalidates outputs whose memory a later run
+// overwrites. It talks to the device only through the Backend interface.
+
+#include "Backend.h"
+#include "TreeNode.h"
+
+#include <c10/core/Storage.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace graphtrees {
+
+// One function of the tree: a wrapped callable with one call signature. Owned by the wrapper;
+// the tree refers to it by id only, so a wrapper may die while its recordings stay in the tree.
+struct FunctionRecord {
+  int64_t id = 0;
+  std::string name;
+  std::vector<uint8_t> is_static;  // per flat input
+  int warmup_iters = 1;
+  int rerecord_limit = 8;
+
+  // Why the function runs eagerly from now on; empty while it is graphed.
+  std::string eager_reason;
+
+  // State that belongs to one tree; reset when the trees are reset (see TreeManager::epoch()).
+  uint64_t epoch = 0;
+  int warmups = 0;
+  int rerecords = 0;
+  int64_t last_generation = -1;
+  int runs_in_generation = 0;
+};
+
+enum class RunKind { kEager, kWarmup, kRecord, kReplay };
+
+struct CallResult {
+  std::vector<at::Tensor> outputs;
+  RunKind kind = RunKind::kEager;
+};
+
+struct NodeInfo {
+  int64_t id = 0;
+  int64_t parent = -1;
+  int64_t function_id = 0;
+  std::string function;
+  std::vector<int64_t> children;
+  int64_t pool_bytes = 0;
+  int64_t num_outputs = 0;
+  int64_t live_outputs = 0;
+  int64_t replays = 0;
+  bool on_current_path = false;
+};
+
+struct TreeInfo {
+  std::string device;
+  std::string backend;
+  std::string state = "none";
+  int64_t generation = 0;
+  int64_t num_nodes = 0;
+  int64_t num_roots = 0;
+  int64_t num_checkpoints = 0;
+  int64_t num_rerecords = 0;
+  int64_t num_fallbacks = 0;
+  int64_t num_warmups = 0;
+  int64_t num_recordings = 0;
+  int64_t num_replays = 0;
+  int64_t num_invalidations = 0;
+  int64_t live_outputs = 0;
+  int64_t current_node = -1;
+  PoolStats pool;
+  std::vector<NodeInfo> nodes;
+};
+
+class TreeManager {
+ public:
+  // The manager of `device`, created on first use. Returns nullptr (and sets `why_not`) when no
+  // backend can serve the device. With create=false returns nullptr if none exists.
+  static TreeManager* get(c10::Device device, bool create, std::string* why_not);
+  // Frees every tree: nodes, graphs and pools. Live outputs are invalidated.
+  static void resetAll();
+  // Starts a new generation in every tree at its next call.
+  static void markStepBegin();
+  // Increases each time the trees are reset; function records compare against it.
+  static uint64_t epoch();
+  // True while the calling thread is inside a tree call (a nested wrapped call runs eagerly).
+  static bool inCall();
+  // Called (without the manager's lock) when untracked pool allocations block a restore, so that
+  // the Python layer can collect garbage cycles before the check is repeated.
+  static void setCollectGarbageHook(std::function<void()> hook);
+  // When on, every call ends by checking checkPoolInvariants() (a debugging aid used by the
+  // tests; costs a walk over the pool per call).
+  static void setDebugChecks(bool on);
+
+  explicit TreeManager(std::unique_ptr<Backend> backend);
+  ~TreeManager();
+
+  // Runs one call of `fn` on flat `inputs`. `run` calls the user's callable on a flat input list
+  // and returns its flat tensor outputs. The caller holds mutex().
+  CallResult call(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run);
+
+  // Counts an eager fallback decided outside the tree (logged once per function and reason).
+  void noteFallback(FunctionRecord& fn, const std::string& reason);
+
+  // With debug checks on (setDebugChecks), asserts checkPoolInvariants(). Called by the wrapper
+  // once the call's results are in the caller's hands.
+  void debugCheck(const FunctionRecord& fn, RunKind kind);
+
+  TreeInfo info();
+  std::string toDot();
+  // True iff the pool's allocated blocks are exactly the live outputs that own pool memory, and
+  // (when no replay happened since the last restore) every live output owns its block.
+  bool checkPoolInvariants(std::string* why);
+  c10::Device device() const { return backend_->device(); }
+  std::recursive_mutex& mutex() { return mutex_; }
+
+ private:
+  struct Tracked {
+    c10::weak_intrusive_ptr<c10::StorageImpl> weak{c10::intrusive_ptr<c10::StorageImpl>()};
+    uintptr_t ptr = 0;
+    size_t nbytes = 0;
+    int64_t generation = 0;
+    TreeNode* node = nullptr;  // nullptr for warmup outputs
+    std::string producer;      // function name, for error messages
+  };
+  enum class PathState { kNone, kWarmup, kRecording, kExecution };
+
+  struct Classified {
+    std::vector<InputKind> kinds;
+    std::vector<uintptr_t> key_ptrs;
+    uint64_t key_hash = 0;
+    bool consumes_generation_output = false;
+  };
+
+  CallResult callImpl(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run);
+  Classified classify(const FunctionRecord& fn, const std::vector<at::Tensor>& inputs);
+  void resetFunctionIfStale(FunctionRecord& fn);
+  bool allGenerationOutputsDead();
+  void endPath(const std::string& why, const std::vector<at::Tensor>& spare);
+  void prepareToAllocate(std::vector<at::Tensor>* inputs);
+  void restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs);
+  void cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
+                         const std::unordered_set<int64_t>& slots_at_risk);
+  void invalidate(int64_t slot, const Tracked& entry, const std::string& by);
+  void trackStorage(const c10::Storage& storage, int64_t slot,
+                    TreeNode* node, const std::string& producer);
+  bool ownsPoolBlock(const c10::StorageImpl& storage) const;
+  bool deadBeforeHolds(const TreeNode& node);
+  void pruneDead();
+
+  CallResult runEager(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run,
+                      const std::string& reason);
+  CallResult warmup(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run);
+  CallResult record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run,
+                    const Classified& cls);
+  CallResult replay(TreeNode& node, FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                    const RunFn& run);
+  TreeNode* findChild(const FunctionRecord& fn, const Classified& cls, std::string* mismatch);
+  void noteGenerationRun(FunctionRecord& fn);
+
+  std::unique_ptr<Backend> backend_;
+  std::recursive_mutex mutex_;
+  TreeNode root_;  // sentinel: its children are the roots
+  std::vector<TreeNode*> path_;
+  TreeNode* current_ = nullptr;
+  PathState state_ = PathState::kNone;
+  bool dirty_ = false;  // a replay happened since the pool's bookkeeping was last exact
+  int64_t generation_ = 0;
+  int64_t seen_step_ = 0;
+  int64_t next_node_id_ = 0;
+  int64_t next_slot_id_ = 1;
+  std::vector<int64_t> generation_slots_;
+  std::unordered_map<int64_t, Tracked> live_;  // slot -> the live storage that holds it
+  std::unordered_map<const c10::StorageImpl*, int64_t> slot_of_;
+  std::unordered_set<int64_t> root_functions_;
+  std::unordered_set<std::string> logged_;
+
+  int64_t num_checkpoints_ = 0;
+  int64_t num_rerecords_ = 0;
+  int64_t num_fallbacks_ = 0;
+  int64_t num_warmups_ = 0;
+  int64_t num_recordings_ = 0;
+  int64_t num_replays_ = 0;
+  int64_t num_invalidations_ = 0;
+  int64_t num_nodes_ = 0;
+};
+
+}  // namespace graphtrees

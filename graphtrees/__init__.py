@@ -1,0 +1,29 @@
+"""graphtrees: CUDA Graph Trees for any PyTorch callable.
+
+Wrap a callable with :func:`cudagraphify`; graphtrees warms it up, records it as a graph and
+replays it, keeping the recordings of all wrapped callables on a device in one tree whose nodes
+share one memory pool. See README.md for how checkpointing keeps live outputs safe.
+"""
+
+from ._api import (
+    check_pool_invariants,
+    cudagraphify,
+    mark_step_begin,
+    reset,
+    tree_info,
+    tree_to_dot,
+)
+from ._ext import has_ext
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "check_pool_invariants",
+    "cudagraphify",
+    "has_ext",
+    "mark_step_begin",
+    "reset",
+    "tree_info",
+    "tree_to_dot",
+    "__version__",
+]

@@ -1,0 +1,127 @@
+"""Public Python API. The work happens in graphtrees._C; this module validates arguments."""
+
+import functools
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
+
+import torch
+
+from ._ext import get_ext
+
+DeviceLike = Union[str, torch.device]
+
+
+def _name_of(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None:
+        name = type(fn).__name__
+    return name
+
+
+def cudagraphify(
+    fn: Optional[Callable] = None,
+    *,
+    static_argnums: Iterable[int] = (),
+    warmup_iters: int = 1,
+    rerecord_limit: int = 8,
+):
+    """Wraps ``fn`` so that its calls are warmed up, recorded as graphs and replayed.
+
+    ``fn`` may be any callable, including an ``nn.Module`` (its parameters and buffers are
+    static inputs: used in place, their addresses checked on every call). Usable as a decorator,
+    with or without arguments.
+
+    Args:
+        static_argnums: positions of arguments whose tensors are used in place (their addresses
+            are part of the recording; a changed address re-records). Every other tensor
+            argument is copied into the graph's memory on each replay, unless it is an output of
+            an earlier graphed call in the same step, which is used in place.
+        warmup_iters: eager runs (inside the pool) before a call signature is recorded.
+        rerecord_limit: re-recordings of one signature under one parent before that signature
+            falls back to eager execution (the reason is logged on the ``graphtrees`` logger).
+
+    Returns a callable with the same call signature and result structure as ``fn``.
+    Calls that cannot be graphed (autograd needed, several devices, unsupported arguments) run
+    eagerly; the reason is logged once and counted in :func:`tree_info`.
+    """
+    if fn is None:
+        return functools.partial(
+            cudagraphify,
+            static_argnums=static_argnums,
+            warmup_iters=warmup_iters,
+            rerecord_limit=rerecord_limit,
+        )
+    if not callable(fn):
+        raise TypeError(f"graphtrees.cudagraphify expects a callable, got {type(fn).__name__}")
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    static_argnums = tuple(static_argnums)
+    for i in static_argnums:
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise ValueError(
+                f"graphtrees.cudagraphify: static_argnums must be non-negative ints, got {i!r}"
+            )
+    if not isinstance(warmup_iters, int) or warmup_iters < 1:
+        raise ValueError(f"graphtrees.cudagraphify: warmup_iters must be an int >= 1, got {warmup_iters!r}")
+    if not isinstance(rerecord_limit, int) or rerecord_limit < 0:
+        raise ValueError(
+            f"graphtrees.cudagraphify: rerecord_limit must be an int >= 0, got {rerecord_limit!r}"
+        )
+    module = fn if isinstance(fn, torch.nn.Module) else None
+    wrapped = get_ext().GraphedCallable(
+        fn, list(static_argnums), warmup_iters, rerecord_limit, module, _name_of(fn)
+    )
+    functools.update_wrapper(wrapped, fn, updated=())
+    if module is not None:
+        wrapped.module = module
+    return wrapped
+
+
+def mark_step_begin() -> None:
+    """Marks the start of a new step (e.g. a new iteration of an inference or training loop).
+
+    The next graphed call starts a new generation: a new path from the root of the tree. Pool
+    outputs of the previous step that own memory are released for reuse, so accessing them
+    raises; replayed outputs stay readable until a later run overwrites them.
+    """
+    get_ext().mark_step_begin()
+
+
+def reset() -> None:
+    """Frees every tree: nodes, graphs and pools (pool bytes return to zero).
+
+    Outputs of graphed calls that are still alive become invalid (accessing them raises).
+    Wrapped callables stay usable: they warm up and record again on their next calls.
+    """
+    get_ext().reset()
+
+
+def _device(device: DeviceLike) -> str:
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
+
+
+def tree_info(device: DeviceLike = "cpu") -> Dict[str, Any]:
+    """A JSON-serialisable description of the tree on ``device``.
+
+    Keys: device, backend, state, generation, num_nodes, num_roots, num_checkpoints (pool
+    restores), num_rerecords, num_fallbacks, num_warmups, num_recordings, num_replays,
+    num_invalidations, live_outputs, current_node, pool (reserved_bytes, allocated_bytes,
+    segments, blocks, allocated_blocks) and nodes (id, parent, function, function_id, children,
+    pool_bytes, num_outputs, live_outputs, replays, on_current_path). A device without a tree
+    gives the same keys with zeros and no nodes.
+    """
+    return get_ext().tree_info(_device(device))
+
+
+def tree_to_dot(device: DeviceLike = "cpu") -> str:
+    """Graphviz DOT of the tree on ``device``: nodes labelled with their function and the pool
+    bytes their recording wrote; nodes with live outputs are filled, the current path is bold."""
+    return get_ext().tree_to_dot(_device(device))
+
+
+def check_pool_invariants(device: DeviceLike = "cpu") -> Tuple[bool, str]:
+    """``(ok, why)``: whether the pool's allocated blocks are exactly the live outputs that own
+    pool memory (and, when no replay happened since, that every live output owns its block)."""
+    return tuple(get_ext().check_pool_invariants(_device(device)))

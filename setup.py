@@ -1,0 +1,82 @@
+"""Build script for graphtrees' C++ extension, graphtrees._C.
+
+Environment switches (read once, printed at build time):
+  USE_CUDA=0        build the CPU-only extension even with a CUDA build of torch
+  FORCE_CUDA=1      build the CUDA backend even if torch or nvcc look CUDA-less
+  DEBUG=1           -O0 -g
+  MAX_JOBS=N        parallel compile jobs (ninja)
+"""
+
+import glob
+import os
+import shutil
+
+from setuptools import find_packages, setup
+
+
+def _find_cuda_home():
+    """torch guesses CUDA_HOME from the nvcc on PATH, which may be a wrapper script outside the
+    toolkit (e.g. /usr/local/bin/nvcc): prefer a directory that really holds the toolkit."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    candidates = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    candidates += ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    for c in candidates:
+        if os.path.exists(os.path.join(c, "include", "cuda_runtime.h")):
+            os.environ["CUDA_HOME"] = c
+            return
+
+
+_find_cuda_home()
+
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+import torch
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+USE_CUDA = os.environ.get("USE_CUDA", "1") != "0"
+FORCE_CUDA = os.environ.get("FORCE_CUDA", "0") == "1"
+DEBUG = os.environ.get("DEBUG", "0") == "1"
+
+
+def get_extensions():
+    sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    cuda_sources = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
+    with_cuda = FORCE_CUDA or (USE_CUDA and torch.version.cuda is not None and CUDA_HOME is not None)
+    cxx = ["-O0", "-g"] if DEBUG else ["-O2"]
+    cxx += ["-fvisibility=hidden"]
+    define_macros = []
+    if with_cuda and cuda_sources:
+        define_macros.append(("GRAPHTREES_WITH_CUDA", None))
+        sources += cuda_sources
+    print(
+        f"graphtrees build: torch {torch.__version__} (CUDA {torch.version.cuda}), "
+        f"CUDA_HOME={CUDA_HOME}, extension={'CUDAExtension' if with_cuda else 'CppExtension'}, "
+        f"CUDA backend={'yes' if with_cuda and cuda_sources else 'no'}, DEBUG={int(DEBUG)}"
+    )
+    ext = CUDAExtension if with_cuda else CppExtension
+    return [
+        ext(
+            name="graphtrees._C",
+            sources=sources,
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            define_macros=define_macros,
+            extra_compile_args={"cxx": cxx, "nvcc": ["-O2"]},
+        )
+    ]
+
+
+setup(
+    name="graphtrees",
+    version="0.1.0",
+    description="CUDA Graph Trees for any PyTorch callable, with a C++ tree manager",
+    packages=find_packages(include=["graphtrees", "graphtrees.*"]),
+    ext_modules=get_extensions(),
+    cmdclass={"build_ext": BuildExtension},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.11"],
+    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    zip_safe=False,
+)

@@ -1,0 +1,72 @@
+import gc
+import logging
+
+import pytest
+import torch
+
+import graphtrees
+from graphtrees._ext import get_ext, has_ext
+
+
+def _cuda_usable():
+    return has_ext() and "cuda" in get_ext().backends and torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if not has_ext():
+        skip = pytest.mark.skip(reason="graphtrees._C is not built")
+        for item in items:
+            if "needs_ext" not in item.keywords and "no_ext_ok" not in item.keywords:
+                item.add_marker(skip)
+        return
+    if _cuda_usable():
+        return
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA device and graphtrees' CUDA backend")
+    for item in items:
+        if "needs_cuda" in item.keywords:
+            item.add_marker(skip_cuda)
+
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.needs_cuda)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+def _cpu_totals():
+    return list(get_ext()._cpu_pool_totals())
+
+
+@pytest.fixture(autouse=True)
+def clean_trees():
+    """Every test starts and ends without trees; after reset() no pool block may stay alive."""
+    if not has_ext():
+        yield
+        return
+    _C = get_ext()
+    _C._set_debug_checks(True)
+    graphtrees.reset()
+    gc.collect()
+    yield
+    gc.collect()
+    graphtrees.reset()
+    gc.collect()
+    pools, blocks, reserved = _cpu_totals()
+    assert (pools, blocks, reserved) == (0, 0, 0), (
+        f"after reset(): {pools} CPU pools alive, {blocks} blocks allocated, {reserved} bytes reserved"
+    )
+    for dev in ("cpu", "cuda:0") if _cuda_usable() else ("cpu",):
+        info = graphtrees.tree_info(dev)
+        assert info["num_nodes"] == 0 and info["pool"]["reserved_bytes"] == 0
+    if _cuda_usable():
+        from helpers import live_pool_blocks
+
+        assert live_pool_blocks() == 0
+
+
+@pytest.fixture
+def tree_logs(caplog):
+    caplog.set_level(logging.DEBUG, logger="graphtrees")
+    return caplog

@@ -1,0 +1,624 @@
+"""The behaviour suite: runs on every device graphtrees has a backend for (cpu always, cuda when a
+GPU is present). Many tests port PyTorch's direct-API tree tests (test/inductor/
+test_cudagraph_trees.py) to graphtrees' API; the comments name the original."""
+
+import gc
+import logging
+
+import pytest
+import torch
+from helpers import assert_invariants, assert_overwritten, info, pool_allocated_blocks, replays_run_python
+
+import graphtrees
+from graphtrees import cudagraphify, mark_step_begin
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+def test_warmup_record_replay_counts(device):
+    calls = []
+
+    def f(x, y):
+        calls.append(1)
+        return x * y + 1
+
+    g = cudagraphify(f)
+    x, y = torch.randn(8, device=device), torch.randn(8, device=device)
+    kinds = []
+    for _ in range(4):
+        before = dict(info(device))
+        out = g(x, y)
+        torch.testing.assert_close(out, x * y + 1)
+        after = info(device)
+        for k in ("num_warmups", "num_recordings", "num_replays"):
+            if after[k] > before.get(k, 0):
+                kinds.append(k)
+    assert kinds == ["num_warmups", "num_recordings", "num_replays", "num_replays"]
+    expected_calls = 4 if replays_run_python(device) else 2
+    assert len(calls) == expected_calls
+    assert info(device)["num_nodes"] == 1 and info(device)["num_roots"] == 1
+
+
+def test_replay_sees_new_input_values(device):
+    g = cudagraphify(lambda x: (x.sin() * 2, x.cos()))
+    for i in range(5):
+        x = torch.randn(16, 16, device=device)
+        a, b = g(x)
+        torch.testing.assert_close(a, x.sin() * 2)
+        torch.testing.assert_close(b, x.cos())
+    assert info(device)["num_replays"] == 3
+
+
+def test_result_structure_is_preserved(device):
+    def f(d, scale, *, bias):
+        return {"sum": d["a"] + d["b"], "pair": (d["a"] * scale, None), "k": [bias, 3, "s"]}
+
+    g = cudagraphify(f)
+    for _ in range(3):
+        a, b = torch.randn(4, device=device), torch.randn(4, device=device)
+        bias = torch.ones(4, device=device)
+        out = g({"a": a, "b": b}, 2.0, bias=bias)
+        assert set(out) == {"sum", "pair", "k"}
+        torch.testing.assert_close(out["sum"], a + b)
+        torch.testing.assert_close(out["pair"][0], a * 2.0)
+        assert out["pair"][1] is None
+        assert out["k"][1:] == [3, "s"]
+        torch.testing.assert_close(out["k"][0], bias)
+
+
+def test_namedtuple_arguments_and_results(device):
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", ["left", "right"])
+    g = cudagraphify(lambda p: Pair(p.left + p.right, p.left - p.right))
+    for _ in range(3):
+        p = Pair(torch.randn(3, device=device), torch.randn(3, device=device))
+        out = g(p)
+        assert isinstance(out, Pair)
+        torch.testing.assert_close(out.left, p.left + p.right)
+
+
+def test_new_signature_is_a_new_function(device):
+    # Port of test_dynamic_warmup: a new shape or a new non-tensor value warms up and records
+    # again, as a separate function.
+    g = cudagraphify(lambda i, x: x * i)
+    for n in (2, 3):
+        x = torch.randn(n, device=device)
+        for _ in range(3):
+            torch.testing.assert_close(g(n, x), x * n)
+    t = info(device)
+    assert (t["num_warmups"], t["num_recordings"], t["num_replays"]) == (2, 2, 2)
+    assert t["num_roots"] == 2
+    assert len(g.signatures()) == 2
+
+
+def test_decorator_forms(device):
+    @cudagraphify
+    def a(x):
+        return x + 1
+
+    @cudagraphify(warmup_iters=2)
+    def b(x):
+        return x + 2
+
+    x = torch.zeros(2, device=device)
+    for _ in range(4):
+        torch.testing.assert_close(a(x), x + 1)
+        torch.testing.assert_close(b(x), x + 2)
+    assert a.__name__ == "a" and b.__wrapped__.__name__ == "b"
+    (sig,) = b.signatures()
+    assert sig["name"].endswith("b") and sig["warmups"] == 2
+
+
+def test_module_parameters_are_static_and_used_in_place(device):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
+    g = cudagraphify(m)
+    x = torch.randn(5, 8, device=device)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), m(x))
+    # In-place parameter update: the graph reads the parameters in place.
+    m[0].weight.add_(0.5)
+    torch.testing.assert_close(g(x), m(x))
+    assert info(device)["num_rerecords"] == 0
+    # A replaced parameter (new address) re-records.
+    m[2].weight = torch.nn.Parameter(torch.randn(4, 16, device=device))
+    torch.testing.assert_close(g(x), m(x))
+    torch.testing.assert_close(g(x), m(x))
+    assert info(device)["num_rerecords"] == 1
+
+
+def test_static_argnums_address_change_rerecords_then_falls_back(device, tree_logs):
+    g = cudagraphify(lambda w, x: x @ w, static_argnums=(0,), rerecord_limit=2)
+    x = torch.randn(3, 4, device=device)
+    w = torch.randn(4, 4, device=device)
+    for _ in range(3):
+        torch.testing.assert_close(g(w, x), x @ w)
+    for i in range(4):
+        w = torch.randn(4, 4, device=device)  # new address each time
+        torch.testing.assert_close(g(w, x), x @ w)
+    t = info(device)
+    assert t["num_rerecords"] == 3
+    assert t["num_fallbacks"] >= 1
+    assert "rerecord_limit=2" in tree_logs.text and "static input 0 changed address" in tree_logs.text
+    (sig,) = g.signatures()
+    assert "re-recorded" in sig["eager_reason"]
+
+
+def test_output_aliasing_input(device):
+    # Port of test_output_alias: outputs that alias an input stay views of the caller's input.
+    inp = torch.randn(20, 20, device=device)
+    g = cudagraphify(lambda x: (x, x[0]))
+    for _ in range(3):
+        out_1, out_2 = g(inp)
+        assert out_1.untyped_storage()._cdata == out_2.untyped_storage()._cdata
+        assert out_1.untyped_storage()._cdata == inp.untyped_storage()._cdata
+        torch.testing.assert_close(out_2, inp[0])
+        del out_1, out_2
+        assert info(device)["live_outputs"] == 0
+
+
+def test_output_aliasing_static_parameter(device):
+    # Port of test_aliased_static_parameter.
+    inp = torch.randn(20, 20, device=device)
+    g = cudagraphify(lambda x: (x[0],), static_argnums=(0,))
+    for _ in range(3):
+        (out,) = g(inp)
+        assert inp.untyped_storage()._cdata == out.untyped_storage()._cdata
+    assert info(device)["live_outputs"] == 0
+
+
+def test_outputs_sharing_storage(device):
+    # Port of test_checkpoint_shared_output_storage_deallocation.
+    def f(x):
+        y = x * 2
+        return y[0], y[1]
+
+    g = cudagraphify(f)
+    h = cudagraphify(lambda x: (x * x)[0])
+    inp = torch.rand(2, 2, device=device)
+    for _ in range(3):
+        x1, x2 = g(inp)
+    # h is warmed and recorded after g's replays while x1, x2 are alive: the pool is restored to
+    # g's checkpoint each time.
+    h(x1)
+    mark_step_begin()
+    x1, x2 = g(inp)
+    h(x1)
+    assert info(device)["num_checkpoints"] == 2
+    assert x1.untyped_storage().data_ptr() == x2.untyped_storage().data_ptr()
+    torch.testing.assert_close(x1, inp[0] * 2)
+    assert pool_allocated_blocks(device) == 1  # x1/x2's one block; h's output died
+    del x1
+    assert pool_allocated_blocks(device) == 1
+    del x2
+    assert pool_allocated_blocks(device) == 0
+
+
+def test_tensor_dies_between_checkpoint(device):
+    # Port of test_tensor_dies_between_checkpoint and test_aliased_output_checkpoint: outputs that
+    # die between a replay and the next recording are freed by the restore, exactly once.
+    def f(x):
+        y = x + 2
+        return x + 1, y, y[0]
+
+    g = cudagraphify(f)
+    h = cudagraphify(lambda x: x * x * x)
+    inp = torch.rand(4, 4, device=device)
+    for _ in range(3):
+        g(inp)
+    h(g(inp)[0])  # h's warmup: checkpoint 1
+    mark_step_begin()
+    out1, out2, out3 = g(inp)
+    del out2, out3
+    assert info(device)["num_checkpoints"] == 1
+    x = h(out1)  # h's recording: checkpoint 2 frees out2/out3's shared block
+    assert info(device)["num_checkpoints"] == 2
+    torch.testing.assert_close(x, (inp + 1) ** 3)
+    assert pool_allocated_blocks(device) == 2  # out1 and x
+    del x
+    assert pool_allocated_blocks(device) == 1
+    del out1
+    assert pool_allocated_blocks(device) == 0
+
+
+def test_tensor_no_longer_in_pool_rerecords(device):
+    # Port of test_tensor_no_longer_in_pool: a managed input replaced by an eager tensor records
+    # a second child under the same parent, after a checkpoint.
+    g = cudagraphify(lambda x: (x + 1, x + 2))
+    h = cudagraphify(lambda x: x * x * x)
+    inp = torch.rand(4, device=device)
+    for _ in range(2):
+        x1, x2 = g(inp)
+        h(x1)
+    del x1, x2
+    assert info(device)["num_checkpoints"] == 0
+    x1, x2 = g(inp)
+    out = h(torch.zeros_like(x1))
+    torch.testing.assert_close(out, torch.zeros_like(x1))
+    t = info(device)
+    assert t["num_checkpoints"] == 1
+    assert t["num_rerecords"] == 1
+    (root,) = [n for n in t["nodes"] if n["parent"] is None]
+    assert len(root["children"]) == 2
+
+
+def test_live_outputs_over_several_graphs_checkpoint_counts(device):
+    # Port of test_live_outputs_multiple_graphs: three functions on one path, the third only on
+    # some inputs; warming it up and then recording it each restore the pool once.
+    g1 = cudagraphify(lambda x: ((x + x + x), (x + x + x) + 1))
+    g2 = cudagraphify(lambda x: (x * x).sum())
+    g3 = cudagraphify(lambda y: y + 1)
+
+    def step(x):
+        x3, y = g1(x)
+        if g2(x3).item() > 0:
+            return g3(y)
+        return y
+
+    for _ in range(2):
+        step(torch.zeros(5, device=device))
+    assert info(device)["num_checkpoints"] == 0
+    for _ in range(2):
+        out = step(torch.ones(5, device=device))
+        torch.testing.assert_close(out, torch.full((5,), 5.0, device=device))
+    assert pool_allocated_blocks(device) == 1
+    del out
+    assert pool_allocated_blocks(device) == 0
+    assert info(device)["num_checkpoints"] == 2
+
+
+def test_chained_calls_of_one_function_in_a_step(device):
+    # Port of test_function_compiled_multiple_times: the same function called twice in one step
+    # on its own output is a chain of two nodes, not a new step.
+    a = cudagraphify(lambda x: x * x * x)
+    b = cudagraphify(lambda y, z: y + z)
+
+    def step(x):
+        y = a(x)
+        y2 = a(y)
+        return b(y, y2)
+
+    x = torch.rand(4, 4, device=device)
+    ref = x**3 + x**9
+    for _ in range(4):
+        torch.testing.assert_close(step(x), ref)
+    t = info(device)
+    assert t["num_roots"] == 1 and t["num_nodes"] == 3
+    (root,) = [n for n in t["nodes"] if n["parent"] is None]
+    assert len(root["children"]) == 1
+
+
+def test_end_recording_early(device):
+    # Port of test_end_recording_early: when every output of the current path is dead, a root
+    # function starts a new path instead of becoming a child.
+    g1 = cudagraphify(lambda x: x * x * x)
+    g2 = cudagraphify(lambda x, y: x + y)
+    g3 = cudagraphify(lambda x: x + 4)
+    for _ in range(3):
+        x = torch.ones(4, 4, device=device)
+        out = g2(x, g1(x))
+        del out
+        out = g3(x)
+        del out
+    roots = [n for n in info(device)["nodes"] if n["parent"] is None]
+    assert sorted(len(r["children"]) for r in roots) == [0, 1]
+
+
+def test_mark_step_starts_from_root(device):
+    # Port of test_mark_step.
+    g = cudagraphify(lambda x: x * x * x)
+    mark_step_begin()
+    out = g(torch.rand(4, 4, device=device))
+    mark_step_begin()
+    out = g(torch.rand(4, 4, device=device))
+    assert info(device)["num_recordings"] == 1
+    assert info(device)["num_roots"] == 1
+    torch.testing.assert_close(out, out)  # the newest output is valid
+
+
+def test_error_on_use_after_overwrite(device):
+    # Port of test_error_on_dealloc_use / test_error_on_dealloc_use2, plus replay after replay,
+    # which PyTorch's trees overwrite silently.
+    g = cudagraphify(lambda x: x * x * x)
+    inp = torch.rand(4, device=device)
+    out = g(inp)  # warmup
+    detached = g(inp).detach()  # recording; `out` belonged to the previous step
+    assert_overwritten(out)
+    out2 = g(inp)  # replay: overwrites the recording's output
+    assert_overwritten(detached)
+    torch.testing.assert_close(out2, inp**3)
+    out3 = g(inp)  # replay after replay of the same node
+    assert_overwritten(out2)
+    torch.testing.assert_close(out3, inp**3)
+    keep = out3.clone()
+    g(inp)
+    torch.testing.assert_close(keep, inp**3)
+    assert info(device)["num_invalidations"] >= 3
+
+
+def test_overwritten_message_names_the_functions(device):
+    g = cudagraphify(lambda x: x + 1)
+    inp = torch.rand(3, device=device)
+    for _ in range(3):
+        out = g(inp)
+    mark_step_begin()
+    g(inp)
+    with pytest.raises(RuntimeError) as e:
+        out.tolist()
+    assert "<lambda>" in str(e.value) and "mark_step_begin" in str(e.value)
+
+
+def test_outputs_not_overwritten_stay_valid(device):
+    # Outputs of earlier calls in the same step are never overwritten by later calls.
+    g1 = cudagraphify(lambda x: x.exp())
+    g2 = cudagraphify(lambda x: x.log1p() * 3)
+    g3 = cudagraphify(lambda x: x.sqrt() + 1)
+    x = torch.rand(32, 32, device=device)
+    for branch in (g2, g3, g2, g3, g2, g3):
+        for _ in range(3):
+            mark_step_begin()
+            a = g1(x)
+            b = branch(a)
+            c = g3(b) if branch is g2 else g2(b)
+            torch.testing.assert_close(a, x.exp())
+            torch.testing.assert_close(b, branch.__wrapped__(x.exp()))
+            torch.testing.assert_close(c, (g3 if branch is g2 else g2).__wrapped__(b))
+            assert_invariants(device)
+
+
+def test_exception_in_warmup_and_recording_leaves_tree_intact(device):
+    state = {"fail": False}
+
+    class Boom(ValueError):
+        pass
+
+    def f(x):
+        y = x * 2  # allocates in the pool before failing
+        if state["fail"]:
+            raise Boom("boom at call")
+        return y + 1
+
+    g = cudagraphify(f)
+    x = torch.rand(64, device=device)
+    state["fail"] = True
+    with pytest.raises(Boom, match="boom at call"):
+        g(x)  # warmup fails
+    t = info(device)
+    assert t["pool"]["allocated_blocks"] == 0 and t["num_warmups"] == 0
+    state["fail"] = False
+    torch.testing.assert_close(g(x), x * 2 + 1)  # warmup
+    state["fail"] = True
+    with pytest.raises(Boom):
+        g(x)  # recording fails
+    t = info(device)
+    assert t["num_nodes"] == 0 and t["pool"]["allocated_blocks"] == 0
+    assert_invariants(device)
+    state["fail"] = False
+    for _ in range(3):
+        torch.testing.assert_close(g(x), x * 2 + 1)
+    assert info(device)["num_nodes"] == 1
+
+
+def test_autograd_calls_run_eagerly_with_logged_reason(device, tree_logs):
+    lin = torch.nn.Linear(4, 4).to(device)
+    g = cudagraphify(lin)
+    x = torch.randn(2, 4, device=device)
+    with torch.enable_grad():
+        for _ in range(3):
+            out = g(x)
+            assert out.requires_grad
+            out.sum().backward()
+    assert lin.weight.grad is not None
+    assert info(device)["num_fallbacks"] == 3
+    assert info(device)["num_nodes"] == 0
+    assert tree_logs.text.count("needs autograd") == 1  # logged once
+
+
+def test_inputs_on_several_devices_fall_back(tree_logs):
+    if not torch.cuda.is_available():
+        # Meta tensors are another device without a backend: same rule.
+        g = cudagraphify(lambda a, b: a.sum() + b.sum())
+        a = torch.ones(2)
+        b = torch.ones(2, device="meta")
+        out = g(a, b)
+        assert out.device.type == "meta"
+        assert "several devices" in tree_logs.text
+    else:
+        g = cudagraphify(lambda a, b: a.cpu() + b)
+        out = g(torch.ones(2, device="cuda"), torch.ones(2))
+        torch.testing.assert_close(out, torch.full((2,), 2.0))
+        assert "several devices" in tree_logs.text
+
+
+def test_unsupported_arguments_fall_back(device, tree_logs):
+    class Opaque:
+        __hash__ = None  # unhashable
+
+    g = cudagraphify(lambda x, o: x + 1)
+    x = torch.ones(3, device=device)
+    torch.testing.assert_close(g(x, Opaque()), x + 1)
+    assert "unhashable type 'Opaque'" in tree_logs.text
+    h = cudagraphify(lambda: torch.ones(2))
+    torch.testing.assert_close(h(), torch.ones(2))
+    assert "no tensor arguments" in tree_logs.text
+
+
+def test_inplace_mutation_of_copied_input_falls_back(device, tree_logs):
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    g = cudagraphify(f)
+    x = torch.zeros(4, device=device)
+    for i in range(4):
+        out = g(x)
+        torch.testing.assert_close(x, torch.full((4,), float(i + 1), device=device))
+        torch.testing.assert_close(out, x * 2)
+    assert "mutates its input tensor #0 in place" in tree_logs.text
+    assert info(device)["num_nodes"] == 0
+
+
+def test_inplace_mutation_of_static_input_is_graphed(device):
+    def f(buf, x):
+        buf.add_(x)
+        return buf * 1
+
+    g = cudagraphify(f, static_argnums=(0,))
+    buf = torch.zeros(4, device=device)
+    x = torch.ones(4, device=device)
+    for i in range(5):
+        out = g(buf, x)
+    torch.testing.assert_close(buf, torch.full((4,), 5.0, device=device))
+    torch.testing.assert_close(out, buf)
+    assert info(device)["num_replays"] == 3
+
+
+def test_changing_non_tensor_results_raise_then_run_eagerly(device):
+    counter = {"n": 0}
+
+    def f(x):
+        counter["n"] += 1
+        return x + 1, counter["n"]
+
+    g = cudagraphify(f)
+    x = torch.zeros(2, device=device)
+    g(x)  # warmup returns (.., 1)
+    with pytest.raises(RuntimeError, match="non-tensor values|returned"):
+        g(x)  # recording returns (.., 2): cannot be graphed
+    out, n = g(x)  # eager from now on
+    assert n == counter["n"]
+    (sig,) = g.signatures()
+    assert "non-tensor results change" in sig["eager_reason"]
+
+
+def test_unsupported_result_type_raises_type_error(device):
+    g = cudagraphify(lambda x: {x})  # a set
+    with pytest.raises(TypeError, match="returned a value of type 'set'"):
+        g(torch.ones(1, device=device))
+
+
+def test_nested_graphed_calls_run_inside_the_outer_run(device):
+    inner = cudagraphify(lambda x: x * 3)
+    outer = cudagraphify(lambda x: inner(x) + 1)
+    x = torch.rand(4, device=device)
+    for _ in range(4):
+        torch.testing.assert_close(outer(x), x * 3 + 1)
+    assert info(device)["num_nodes"] == 1
+
+
+def test_method_decorator(device):
+    class Model:
+        def __init__(self):
+            self.scale = 3.0
+
+        @cudagraphify
+        def forward(self, x):
+            return x * self.scale
+
+    m = Model()
+    x = torch.ones(2, device=device)
+    for _ in range(3):
+        torch.testing.assert_close(m.forward(x), x * 3)
+
+
+def test_reset_invalidates_live_outputs_and_frees_the_pool(device):
+    g = cudagraphify(lambda x: x + 1)
+    x = torch.rand(128, device=device)
+    for _ in range(3):
+        out = g(x)
+    assert info(device)["pool"]["reserved_bytes"] > 0
+    graphtrees.reset()
+    t = info(device)
+    assert t["num_nodes"] == 0 and t["pool"]["reserved_bytes"] == 0 and t["nodes"] == []
+    assert_overwritten_or_freed(out)
+    # The wrapper works again: warmup, record, replay.
+    for _ in range(3):
+        torch.testing.assert_close(g(x), x + 1)
+    assert info(device)["num_recordings"] == 1
+
+
+def assert_overwritten_or_freed(t):
+    with pytest.raises(RuntimeError, match="overwritten|reset"):
+        t.sum()
+
+
+def test_tree_info_without_tree_has_all_keys(device):
+    t = info(device)
+    for key in ("device", "num_nodes", "num_roots", "num_checkpoints", "num_rerecords",
+                "num_fallbacks", "pool", "nodes"):
+        assert key in t
+    assert t["num_nodes"] == 0 and t["nodes"] == [] and t["pool"]["reserved_bytes"] == 0
+    assert "digraph" in graphtrees.tree_to_dot(device)
+
+
+def test_tree_info_is_json_and_dot_marks_live_outputs(device):
+    import json
+
+    g1 = cudagraphify(lambda x: x + 1)
+    g2 = cudagraphify(lambda x: x * 2)
+    x = torch.rand(4, device=device)
+    for _ in range(3):
+        mark_step_begin()
+        a = g1(x)
+        b = g2(a)
+    t = json.loads(json.dumps(info(device)))
+    ids = {n["id"]: n for n in t["nodes"]}
+    (root,) = [n for n in t["nodes"] if n["parent"] is None]
+    (child,) = root["children"]
+    assert ids[child]["parent"] == root["id"] and ids[child]["function"].endswith("<lambda>")
+    dot = graphtrees.tree_to_dot(device)
+    assert f"n{root['id']} -> n{child}" in dot
+    assert "live outputs: 1" in dot and "fillcolor" in dot
+    del a, b
+
+
+def test_logging_of_recording_and_checkpoints(device, tree_logs):
+    g1 = cudagraphify(lambda x: x + 1)
+    g2 = cudagraphify(lambda x: x * 2)
+    x = torch.rand(4, device=device)
+    for _ in range(3):
+        a = g1(x)
+    g2(a)
+    mark_step_begin()
+    a = g1(x)
+    g2(a)
+    text = tree_logs.text
+    assert "warmed up '" in text and "recorded node" in text
+    assert "restored the pool to the checkpoint" in text
+    levels = {r.levelno for r in tree_logs.records if r.name == "graphtrees"}
+    assert logging.INFO in levels and logging.DEBUG in levels
+
+
+def test_threads_use_the_tree_one_at_a_time(device):
+    import threading
+
+    g = cudagraphify(lambda x: x * 2 + 1)
+    errors = []
+
+    def worker(seed):
+        try:
+            with torch.no_grad():
+                gen = torch.Generator().manual_seed(seed)
+                for _ in range(20):
+                    x = torch.rand(8, generator=gen).to(device)
+                    out = g(x).clone()
+                    torch.testing.assert_close(out, x * 2 + 1)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Outputs may be overwritten by another thread's call before the clone: that raises, never
+    # returns wrong data.
+    for e in errors:
+        assert isinstance(e, RuntimeError) and "overwritten" in str(e)
+    gc.collect()
+    assert_invariants(device)
