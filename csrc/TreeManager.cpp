@@ -772,7 +772,9 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
                  " (" + std::to_string(copied.size()) + " copied inputs, " +
                  std::to_string(raw->slots_.size()) + " output blocks, " +
                  bytesString(raw->poolBytes()) + " written)");
-  return {raw->buildOutputs(slot_storages, inputs), RunKind::kRecord};
+  // `ins`, not `inputs`: an input that the restore had to invalidate was replaced by a clone, and
+  // outputs that alias it must alias the clone.
+  return {raw->buildOutputs(slot_storages, ins), RunKind::kRecord};
 }
 
 CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
@@ -823,7 +825,10 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   node.replays_++;
   num_replays_++;
   noteGenerationRun(fn);
-  return {node.buildOutputs(storages, inputs), RunKind::kReplay};
+  // Outputs that alias an input this replay overwrote alias its clone instead.
+  std::vector<at::Tensor> alias_inputs = inputs;
+  for (size_t k = 0; k < copied.size(); ++k) alias_inputs[copied[k]] = sources[k];
+  return {node.buildOutputs(storages, alias_inputs), RunKind::kReplay};
 }
 
 // ---------------------------------------------------------------------------------------------
