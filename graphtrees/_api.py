@@ -23,6 +23,7 @@ def cudagraphify(
     static_argnums: Iterable[int] = (),
     warmup_iters: int = 1,
     rerecord_limit: int = 8,
+    name: Optional[str] = None,
 ):
     """Wraps ``fn`` so that its calls are warmed up, recorded as graphs and replayed.
 
@@ -38,6 +39,8 @@ def cudagraphify(
         warmup_iters: eager runs (inside the pool) before a call signature is recorded.
         rerecord_limit: re-recordings of one signature under one parent before that signature
             falls back to eager execution (the reason is logged on the ``graphtrees`` logger).
+        name: the function's name in logs, errors, :func:`tree_info` and :func:`tree_to_dot`
+            (default: the callable's qualified name, or its class name for a module).
 
     Returns a callable with the same call signature and result structure as ``fn``.
     Calls that cannot be graphed (autograd needed, several devices, unsupported arguments) run
@@ -49,6 +52,7 @@ def cudagraphify(
             static_argnums=static_argnums,
             warmup_iters=warmup_iters,
             rerecord_limit=rerecord_limit,
+            name=name,
         )
     if not callable(fn):
         raise TypeError(f"graphtrees.cudagraphify expects a callable, got {type(fn).__name__}")
@@ -66,9 +70,11 @@ def cudagraphify(
         raise ValueError(
             f"graphtrees.cudagraphify: rerecord_limit must be an int >= 0, got {rerecord_limit!r}"
         )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"graphtrees.cudagraphify: name must be a str, got {type(name).__name__}")
     module = fn if isinstance(fn, torch.nn.Module) else None
     wrapped = get_ext().GraphedCallable(
-        fn, list(static_argnums), warmup_iters, rerecord_limit, module, _name_of(fn)
+        fn, list(static_argnums), warmup_iters, rerecord_limit, module, name or _name_of(fn)
     )
     functools.update_wrapper(wrapped, fn, updated=())
     if module is not None:
