@@ -75,6 +75,8 @@ setup(
     packages=find_packages(include=["graphtrees", "graphtrees.*"]),
     ext_modules=get_extensions(),
     cmdclass={"build_ext": BuildExtension},
+    # torch.compile(model, backend="graphtrees") finds the backend through this entry point.
+    entry_points={"torch_dynamo_backends": ["graphtrees = graphtrees._dynamo_backend:graphtrees_backend"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
     extras_require={"test": ["pytest>=7", "hypothesis>=6"]},

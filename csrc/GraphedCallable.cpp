@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <mutex>
 
 namespace graphtrees {
@@ -40,12 +41,19 @@ std::unique_lock<std::recursive_mutex> lockTree(TreeManager& tree) {
 
 GraphedCallable::GraphedCallable(py::object fn, const std::vector<int64_t>& static_argnums,
                                  int warmup_iters, int rerecord_limit, py::object module,
-                                 std::string name)
+                                 std::string name, int mode, std::string eager_reason,
+                                 int max_signatures)
     : fn_(std::move(fn)),
       module_(std::move(module)),
       name_(std::move(name)),
       warmup_iters_(warmup_iters),
-      rerecord_limit_(rerecord_limit) {
+      rerecord_limit_(rerecord_limit),
+      mode_(static_cast<FunctionRecord::Mode>(mode)),
+      eager_reason_(std::move(eager_reason)),
+      max_signatures_(max_signatures) {
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "graphtrees: mode must be 0, 1 or 2, got ", mode);
+  TORCH_CHECK_VALUE(max_signatures >= 0, "graphtrees: max_signatures must be >= 0, got ",
+                    max_signatures);
   TORCH_CHECK_VALUE(warmup_iters >= 1, "graphtrees.cudagraphify: warmup_iters must be >= 1, got ",
                     warmup_iters);
   TORCH_CHECK_VALUE(rerecord_limit >= 0,
@@ -69,17 +77,51 @@ void GraphedCallable::refreshModuleTensors() {
   module_epoch_ = e;
 }
 
-GraphedCallable::Signature& GraphedCallable::signatureFor(const FlatArgs& flat) {
+void GraphedCallable::evictLeastRecentlyUsed() {
+  std::vector<std::pair<uint64_t, std::string>> order;
+  for (const auto& kv : signatures_) order.emplace_back(kv.second->last_used, kv.first);
+  std::sort(order.begin(), order.end());
+  for (const auto& candidate : order) {
+    Signature& victim = *signatures_.at(candidate.second);
+    bool evicted = true;
+    if (TreeManager* tree = TreeManager::get(victim.device, false, nullptr)) {
+      auto lock = lockTree(*tree);
+      evicted = tree->evictFunction(
+          victim.record.id, "'" + victim.record.name + "' is the least recently used of " +
+                                std::to_string(signatures_.size()) + " recorded signatures of '" +
+                                name_ + "' (max_recorded_shapes=" +
+                                std::to_string(max_signatures_) + ")");
+    }
+    if (evicted) {
+      signatures_.erase(candidate.second);
+      return;
+    }
+  }
+}
+
+GraphedCallable::Signature& GraphedCallable::signatureFor(const FlatArgs& flat,
+                                                          c10::Device device) {
   auto it = signatures_.find(flat.key);
-  if (it != signatures_.end()) return *it->second;
+  if (it != signatures_.end()) {
+    it->second->last_used = ++use_counter_;
+    return *it->second;
+  }
+  if (max_signatures_ > 0 && signatures_.size() >= static_cast<size_t>(max_signatures_)) {
+    evictLeastRecentlyUsed();
+  }
   auto sig = std::make_unique<Signature>();
+  sig->device = device;
+  sig->last_used = ++use_counter_;
   FunctionRecord& r = sig->record;
   r.id = next_function_id++;
-  r.name = signatures_.empty() ? name_ : name_ + "#" + std::to_string(signatures_.size());
+  r.mode = mode_;
+  r.eager_reason = eager_reason_;
+  r.name = signatures_created_ == 0 ? name_ : name_ + "#" + std::to_string(signatures_created_);
+  signatures_created_++;
   r.is_static = flat.is_static;
   r.warmup_iters = warmup_iters_;
   r.rerecord_limit = rerecord_limit_;
-  if (signatures_.size() == kSignatureWarnLimit) {
+  if (max_signatures_ == 0 && signatures_.size() == kSignatureWarnLimit) {
     logMessage(LogLevel::kWarning,
                "'" + name_ + "' has been called with more than " +
                    std::to_string(kSignatureWarnLimit) +
@@ -144,7 +186,7 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   TreeManager* tree = TreeManager::get(device, true, &why_not);
   if (tree == nullptr) return fallback(args, kwargs, flat, why_not);
 
-  Signature& sig = signatureFor(flat);
+  Signature& sig = signatureFor(flat, device);
   py::object result;
   const std::string& fname = sig.record.name;
   RunFn run = [&](const std::vector<at::Tensor>& tensors) {

@@ -21,8 +21,12 @@ std::unique_lock<std::recursive_mutex> lockTree(TreeManager& tree);
 
 class GraphedCallable {
  public:
+  // `mode`: 0 inference, 1 forward, 2 backward (FunctionRecord::Mode). `eager_reason`, when not
+  // empty, makes every call run eagerly (a compile-time skip). `max_signatures` > 0 bounds the
+  // recorded signatures; past it the least recently used one is evicted from the tree.
   GraphedCallable(py::object fn, const std::vector<int64_t>& static_argnums, int warmup_iters,
-                  int rerecord_limit, py::object module, std::string name);
+                  int rerecord_limit, py::object module, std::string name, int mode,
+                  std::string eager_reason, int max_signatures);
 
   py::object call(const py::args& args, const py::kwargs& kwargs);
 
@@ -38,11 +42,14 @@ class GraphedCallable {
   struct Signature {
     FunctionRecord record;
     std::unique_ptr<OutputSpec> spec;
+    c10::Device device = c10::Device(c10::DeviceType::CPU);
+    uint64_t last_used = 0;
   };
 
   py::object fallback(const py::args& args, const py::kwargs& kwargs, const FlatArgs& flat,
                       const std::string& reason);
-  Signature& signatureFor(const FlatArgs& flat);
+  Signature& signatureFor(const FlatArgs& flat, c10::Device device);
+  void evictLeastRecentlyUsed();
   void refreshModuleTensors();
 
   py::object fn_;
@@ -51,6 +58,11 @@ class GraphedCallable {
   std::vector<uint8_t> static_args_;
   int warmup_iters_;
   int rerecord_limit_;
+  FunctionRecord::Mode mode_;
+  std::string eager_reason_;
+  int max_signatures_;
+  uint64_t use_counter_ = 0;
+  int64_t signatures_created_ = 0;
   std::unordered_map<std::string, std::unique_ptr<Signature>> signatures_;
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists
   std::vector<at::Tensor> module_tensors_;

@@ -147,6 +147,7 @@ TreeManager::TreeManager(std::unique_ptr<Backend> backend)
 
 TreeManager::~TreeManager() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  pinned_.clear();
   for (auto& kv : live_) {
     try {
       invalidate(kv.first, kv.second, "graphtrees.reset() freed the pool");
@@ -249,6 +250,7 @@ void TreeManager::noteGenerationRun(FunctionRecord& fn) {
 // Replayed outputs own nothing; they stay valid until a later replay or restore really reuses their
 // memory (see replay() and restoreCheckpoint()).
 void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>& spare) {
+  pinned_.clear();
   std::unordered_set<const c10::StorageImpl*> spared;
   for (const auto& t : spare) spared.insert(t.storage().unsafeGetStorageImpl());
   for (auto it = live_.begin(); it != live_.end();) {
@@ -272,6 +274,7 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
   path_.clear();
   current_ = nullptr;
   state_ = PathState::kNone;
+  pending_backward_ = false;
   generation_++;
   generation_slots_.clear();
 }
@@ -484,7 +487,37 @@ TreeNode* TreeManager::findChild(const FunctionRecord& fn, const Classified& cls
 CallResult TreeManager::call(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                              const RunFn& run) {
   CallDepthGuard depth;
-  return callImpl(fn, inputs, run);
+  CallResult result = callImpl(fn, inputs, run);
+  finishRun(fn, result);
+  return result;
+}
+
+// Note [Pending backward]
+// In training, a forward function's outputs include the activations its backward will read. While
+// a forward has run and its backward has not, no new generation starts on its own (a new step
+// would free those activations): calling the forward again extends the path, which is how several
+// micro-batches' forwards run before their backwards. A backward clears the state.
+// mark_step_begin() still starts a new step. A forward whose backward never runs (evaluation
+// under grad mode, say) extends the path at most kMaxRunsPerGeneration times; then a warning says
+// what to do and a new step starts anyway.
+//
+// Note [Pinned gradients]
+// A backward's outputs are gradients. Autograd "steals" a gradient whose only reference is its
+// own (it becomes .grad without a copy) and accumulates in place into such buffers; a gradient in
+// pool memory would then be overwritten by the next replay. The tree keeps one extra reference to
+// each backward output until the node runs again or the step ends, so autograd copies gradients
+// into .grad, as it does for any gradient it cannot steal.
+void TreeManager::finishRun(FunctionRecord& fn, const CallResult& result) {
+  if (fn.mode == FunctionRecord::Mode::kForward) {
+    pending_backward_ = true;
+  } else if (fn.mode == FunctionRecord::Mode::kBackward) {
+    pending_backward_ = false;
+    if (result.kind == RunKind::kWarmup) {
+      pinned_[-fn.id - 1] = result.outputs;
+    } else if (result.kind != RunKind::kEager && current_ != nullptr) {
+      pinned_[current_->id()] = result.outputs;
+    }
+  }
 }
 
 void TreeManager::debugCheck(const FunctionRecord& fn, RunKind kind) {
@@ -510,8 +543,17 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     endPath("every output of the current path is dead", inputs);
   }
   Classified cls = classify(fn, inputs);
-  if (fn.last_generation == generation_ &&
-      (!cls.consumes_generation_output || fn.runs_in_generation >= kMaxRunsPerGeneration)) {
+  const bool too_many = fn.runs_in_generation >= kMaxRunsPerGeneration;
+  if (fn.last_generation == generation_ && (!cls.consumes_generation_output || too_many) &&
+      !(pending_backward_ && !too_many)) {
+    if (pending_backward_ && logged_.insert("pending\n" + fn.name).second) {
+      logMessage(LogLevel::kWarning,
+                 "'" + fn.name + "' ran " + std::to_string(fn.runs_in_generation) +
+                     " times in one step while a forward's backward was pending; starting a new "
+                     "step anyway, which frees the pending forward's activations. Call backward() "
+                     "before the next forward, run evaluation under torch.no_grad(), or call "
+                     "graphtrees.mark_step_begin() at the start of each step.");
+    }
     endPath("'" + fn.name + "' was called again", inputs);
     cls = classify(fn, inputs);
   }
@@ -547,6 +589,55 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
                                     std::to_string(fn.rerecord_limit) + ")");
   }
   return record(fn, inputs, run, cls);
+}
+
+void TreeManager::removeNode(TreeNode* node, const std::string& why) {
+  while (!node->ownedChildren().empty()) removeNode(node->ownedChildren().back().get(), why);
+  pinned_.erase(node->id());
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (it->second.node == node) {
+      invalidate(it->first, it->second, why);
+      slot_of_.erase(it->second.weak._unsafe_get_target());
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  TreeNode* parent = node->parent() != nullptr ? node->parent() : &root_;
+  num_nodes_--;
+  parent->removeChild(node);  // destroys node
+}
+
+bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
+  std::vector<TreeNode*> victims;
+  std::vector<TreeNode*> stack{&root_};
+  while (!stack.empty()) {
+    TreeNode* n = stack.back();
+    stack.pop_back();
+    for (const auto& c : n->ownedChildren()) {
+      if (c->function_id_ == function_id) {
+        victims.push_back(c.get());  // its subtree goes with it
+      } else {
+        stack.push_back(c.get());
+      }
+    }
+  }
+  for (TreeNode* v : victims) {
+    for (TreeNode* p : path_) {
+      for (TreeNode* a = p; a != nullptr; a = a->parent()) {
+        if (a == v) return false;
+      }
+    }
+  }
+  for (TreeNode* v : victims) {
+    const std::string name = v->function_name_;
+    const int64_t id = v->id();
+    removeNode(v, "its recording was evicted: " + why);
+    logMessage(LogLevel::kInfo, "evicted node " + std::to_string(id) + " ('" + name + "'): " + why);
+  }
+  root_functions_.erase(function_id);
+  num_evictions_++;
+  return true;
 }
 
 void TreeManager::noteFallback(FunctionRecord& fn, const std::string& reason) {
@@ -790,6 +881,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
     sources.push_back(node.overlapsFootprint(begin, begin + src.storage().nbytes()) ? src.clone()
                                                                                   : src);
   }
+  pinned_.erase(node.id());
   // Outputs of earlier runs that live in memory this replay writes are overwritten now.
   for (auto it = live_.begin(); it != live_.end();) {
     const Tracked& e = it->second;
@@ -863,6 +955,8 @@ TreeInfo TreeManager::info() {
   t.num_recordings = num_recordings_;
   t.num_replays = num_replays_;
   t.num_invalidations = num_invalidations_;
+  t.num_evictions = num_evictions_;
+  t.pending_backward = pending_backward_;
   t.live_outputs = static_cast<int64_t>(live_.size());
   t.current_node = current_ ? current_->id() : -1;
   t.pool = backend_->stats();
@@ -884,6 +978,9 @@ TreeInfo TreeManager::info() {
     for (const auto& c : n->ownedChildren()) ni.children.push_back(c->id());
     ni.pool_bytes = n->poolBytes();
     ni.num_outputs = static_cast<int64_t>(n->outputs_.size());
+    for (InputKind k : n->input_kinds_) {
+      ni.input_kinds += k == InputKind::kStatic ? 'S' : (k == InputKind::kManaged ? 'M' : 'C');
+    }
     ni.live_outputs = live_per_node.count(n->id()) ? live_per_node[n->id()] : 0;
     ni.replays = n->replays_;
     ni.on_current_path = std::find(path_.begin(), path_.end(), n) != path_.end();

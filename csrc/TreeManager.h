@@ -25,7 +25,11 @@ namespace graphtrees {
 // One function of the tree: a wrapped callable with one call signature. Owned by the wrapper;
 // the tree refers to it by id only, so a wrapper may die while its recordings stay in the tree.
 struct FunctionRecord {
+  // What the function is in a training step (see Note [Pending backward]).
+  enum class Mode : uint8_t { kInference, kForward, kBackward };
+
   int64_t id = 0;
+  Mode mode = Mode::kInference;
   std::string name;
   std::vector<uint8_t> is_static;  // per flat input
   int warmup_iters = 1;
@@ -57,6 +61,7 @@ struct NodeInfo {
   std::vector<int64_t> children;
   int64_t pool_bytes = 0;
   int64_t num_outputs = 0;
+  std::string input_kinds;  // one letter per flat input: S(tatic), M(anaged), C(opied)
   int64_t live_outputs = 0;
   int64_t replays = 0;
   bool on_current_path = false;
@@ -76,6 +81,8 @@ struct TreeInfo {
   int64_t num_recordings = 0;
   int64_t num_replays = 0;
   int64_t num_invalidations = 0;
+  int64_t num_evictions = 0;
+  bool pending_backward = false;
   int64_t live_outputs = 0;
   int64_t current_node = -1;
   PoolStats pool;
@@ -111,6 +118,11 @@ class TreeManager {
 
   // Counts an eager fallback decided outside the tree (logged once per function and reason).
   void noteFallback(FunctionRecord& fn, const std::string& reason);
+
+  // Removes every recording of function `function_id` (and the subtrees below them), invalidating
+  // their live outputs, so that their pool memory is reused. Returns false, removing nothing,
+  // while one of them is on the current path.
+  bool evictFunction(int64_t function_id, const std::string& why);
 
   // With debug checks on (setDebugChecks), asserts checkPoolInvariants(). Called by the wrapper
   // once the call's results are in the caller's hands.
@@ -167,6 +179,8 @@ class TreeManager {
                     const RunFn& run);
   TreeNode* findChild(const FunctionRecord& fn, const Classified& cls, std::string* mismatch);
   void noteGenerationRun(FunctionRecord& fn);
+  void finishRun(FunctionRecord& fn, const CallResult& result);
+  void removeNode(TreeNode* node, const std::string& why);
 
   std::unique_ptr<Backend> backend_;
   std::recursive_mutex mutex_;
@@ -184,6 +198,12 @@ class TreeManager {
   std::unordered_map<const c10::StorageImpl*, int64_t> slot_of_;
   std::unordered_set<int64_t> root_functions_;
   std::unordered_set<std::string> logged_;
+  // A forward ran and its backward has not run yet: no new generation starts on its own.
+  bool pending_backward_ = false;
+  // Outputs of backward functions, held until the node runs again or the step ends, so that
+  // autograd copies gradients into .grad instead of stealing pool memory (see Note [Pinned
+  // gradients]).
+  std::unordered_map<int64_t, std::vector<at::Tensor>> pinned_;
 
   int64_t num_checkpoints_ = 0;
   int64_t num_rerecords_ = 0;
@@ -192,6 +212,7 @@ class TreeManager {
   int64_t num_recordings_ = 0;
   int64_t num_replays_ = 0;
   int64_t num_invalidations_ = 0;
+  int64_t num_evictions_ = 0;
   int64_t num_nodes_ = 0;
 };
 

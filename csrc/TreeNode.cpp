@@ -27,6 +27,18 @@ TreeNode* TreeNode::addChild(std::unique_ptr<TreeNode> child) {
   return raw;
 }
 
+void TreeNode::removeChild(TreeNode* child) {
+  auto it = children_.find(child->key_hash_);
+  if (it != children_.end()) {
+    auto& v = it->second;
+    v.erase(std::remove(v.begin(), v.end(), child), v.end());
+    if (v.empty()) children_.erase(it);
+  }
+  owned_.erase(std::remove_if(owned_.begin(), owned_.end(),
+                              [child](const std::unique_ptr<TreeNode>& p) { return p.get() == child; }),
+               owned_.end());
+}
+
 int64_t TreeNode::countChildrenOf(int64_t function_id) const {
   int64_t n = 0;
   for (const auto& c : owned_) n += c->function_id_ == function_id ? 1 : 0;

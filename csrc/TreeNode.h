@@ -73,6 +73,8 @@ class TreeNode {
   }
   TreeNode* addChild(std::unique_ptr<TreeNode> child);
   const std::vector<std::unique_ptr<TreeNode>>& ownedChildren() const { return owned_; }
+  // Destroys `child` and its subtree.
+  void removeChild(TreeNode* child);
   void clearChildren() {
     children_.clear();
     owned_.clear();

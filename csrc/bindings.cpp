@@ -47,6 +47,8 @@ py::dict treeInfo(const py::handle& device_obj) {
   d["num_recordings"] = t.num_recordings;
   d["num_replays"] = t.num_replays;
   d["num_invalidations"] = t.num_invalidations;
+  d["num_evictions"] = t.num_evictions;
+  d["pending_backward"] = t.pending_backward;
   d["live_outputs"] = t.live_outputs;
   d["current_node"] = t.current_node >= 0 ? py::object(py::int_(t.current_node)) : py::object(py::none());
   d["pool"] = poolDict(t.pool);
@@ -60,6 +62,7 @@ py::dict treeInfo(const py::handle& device_obj) {
     nd["children"] = n.children;
     nd["pool_bytes"] = n.pool_bytes;
     nd["num_outputs"] = n.num_outputs;
+    nd["input_kinds"] = n.input_kinds;
     nd["live_outputs"] = n.live_outputs;
     nd["replays"] = n.replays;
     nd["on_current_path"] = n.on_current_path;
@@ -78,9 +81,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<GraphedCallable, std::shared_ptr<GraphedCallable>>(m, "GraphedCallable",
                                                                py::dynamic_attr())
-      .def(py::init<py::object, const std::vector<int64_t>&, int, int, py::object, std::string>(),
+      .def(py::init<py::object, const std::vector<int64_t>&, int, int, py::object, std::string, int,
+                    std::string, int>(),
            py::arg("fn"), py::arg("static_argnums"), py::arg("warmup_iters"),
-           py::arg("rerecord_limit"), py::arg("module"), py::arg("name"))
+           py::arg("rerecord_limit"), py::arg("module"), py::arg("name"), py::arg("mode") = 0,
+           py::arg("eager_reason") = "", py::arg("max_signatures") = 0)
       .def("__call__", &GraphedCallable::call)
       .def("signatures", &GraphedCallable::signatures,
            "Per call signature: function id, warmups, re-records and the eager-fallback reason.")

@@ -13,14 +13,18 @@ from ._api import (
     tree_info,
     tree_to_dot,
 )
+from ._dynamo_backend import SkipError, compile, make_backend
 from ._ext import has_ext
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "SkipError",
     "check_pool_invariants",
+    "compile",
     "cudagraphify",
     "has_ext",
+    "make_backend",
     "mark_step_begin",
     "reset",
     "tree_info",

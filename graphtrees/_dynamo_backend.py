@@ -1,0 +1,328 @@
+"""torch.compile integration: the "graphtrees" dynamo backend and graphtrees.compile().
+
+Dynamo hands each captured graph to the backend. AOTAutograd splits it into a forward and (when
+something requires grad) a backward graph; each one is compiled by the inner compiler (Inductor
+or aot_eager) and wrapped as a graphtrees function:
+
+* parameters and buffers that dynamo lifts, and ``torch._dynamo.mark_static_address`` tensors,
+  are static inputs (used in place, address-checked);
+* activations saved by the forward are outputs of the forward node that the backward reads:
+  managed inputs, used in place, never copied; the backward node becomes a child of its forward;
+* symbolic sizes arrive as Python ints, so each distinct shape is its own function, at most
+  ``max_recorded_shapes`` of them per compiled graph (least recently used evicted);
+* graphs that cannot be recorded (``.item()``, data-dependent shapes, mutation of an eager input,
+  CPU ops in a CUDA graph) run eagerly with the reason and source line logged -- or raise under
+  ``strict=True``.
+
+The backend is registered through the ``torch_dynamo_backends`` entry point, so
+``torch.compile(model, backend="graphtrees")`` works after ``pip install`` without an import.
+"""
+
+import functools
+import itertools
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from ._ext import get_ext
+
+_INFERENCE, _FORWARD, _BACKWARD = 0, 1, 2
+_INNER = ("inductor", "aot_eager")
+_graph_counter = itertools.count()
+
+# Ops whose output shape or value depends on tensor data: a recorded graph cannot reproduce them.
+_DATA_DEPENDENT_OPS = {
+    "aten._local_scalar_dense",
+    "aten.item",
+    "aten.nonzero",
+    "aten.nonzero_static",
+    "aten.masked_select",
+    "aten.unique",
+    "aten._unique",
+    "aten._unique2",
+    "aten.unique_dim",
+    "aten.unique_consecutive",
+    "aten.repeat_interleave",
+}
+
+
+class SkipError(RuntimeError):
+    """A graph that graphtrees cannot record, under ``strict=True``."""
+
+
+def _where(node: torch.fx.Node) -> str:
+    """' at file:line (code)' for the user source line that produced `node`, if known."""
+    trace = node.meta.get("stack_trace") or ""
+    matches = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace)
+    if not matches:
+        return ""
+    path, line, code = matches[-1]
+    return f" at {path}:{line} ({code.strip()})"
+
+
+def _tensor_vals(val: Any) -> List[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _has_unbacked(val: Any) -> bool:
+    try:
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    except ImportError:  # pragma: no cover - very old torch
+        return False
+    return any(free_unbacked_symbols(t) for t in _tensor_vals(val))
+
+
+def _mutated_inputs(gm: torch.fx.GraphModule) -> Dict[int, torch.fx.Node]:
+    """Flat input index -> the node that writes to that input's storage."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storages: Dict[Any, int] = {}
+    mutated: Dict[int, torch.fx.Node] = {}
+    index = 0
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                storages.setdefault(StorageWeakRef(val.untyped_storage()), index)
+            index += 1
+            continue
+        schema = getattr(n.target, "_schema", None)
+        if n.op != "call_function" or schema is None:
+            continue
+        for i, arg in enumerate(schema.arguments):
+            if not (arg.alias_info and arg.alias_info.is_write):
+                continue
+            value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+            if isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), torch.Tensor):
+                ref = StorageWeakRef(value.meta["val"].untyped_storage())
+                if ref in storages:
+                    mutated.setdefault(storages[ref], n)
+    return mutated
+
+
+def skip_reason(gm: torch.fx.GraphModule, static_idxs: Sequence[int]) -> Optional[str]:
+    """Why `gm` cannot be recorded as a graph, or None."""
+    devices = {
+        t.device.type
+        for n in gm.graph.nodes
+        if n.op == "placeholder"
+        for t in _tensor_vals(n.meta.get("val"))
+    }
+    unsafe_tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        name = str(getattr(n.target, "_overloadpacket", n.target))
+        tags = getattr(n.target, "tags", ())
+        if name in _DATA_DEPENDENT_OPS or (unsafe_tag is not None and unsafe_tag in tags):
+            return f"incompatible op {name}{_where(n)}"
+        if _has_unbacked(n.meta.get("val")):
+            return f"data-dependent shape from {name}{_where(n)}"
+        if "cuda" in devices and any(t.device.type == "cpu" and t.dim() > 0
+                                     for t in _tensor_vals(n.meta.get("val"))):
+            return f"CPU op {name} inside a CUDA graph{_where(n)}"
+    static = set(static_idxs)
+    for idx, node in sorted(_mutated_inputs(gm).items()):
+        if idx not in static:
+            return f"mutation of eager input #{idx} by {node.target}{_where(node)}"
+    return None
+
+
+def _forward_static_indices(num_dynamo_inputs: int, aot_inputs: Sequence[Any]) -> List[int]:
+    static = set(range(max(0, len(aot_inputs) - num_dynamo_inputs)))  # params lifted by AOT
+    from torch._guards import TracingContext
+
+    ctx = TracingContext.try_get()
+    if ctx is not None and ctx.fw_metadata is not None:
+        static |= set(ctx.fw_metadata.static_input_indices or ())
+    return sorted(i for i in static if isinstance(aot_inputs[i], torch.Tensor))
+
+
+def _static_aliases(gm: torch.fx.GraphModule, static_idxs: Sequence[int]) -> List[str]:
+    """Names of the forward's nodes that are views of its static inputs (e.g. a transposed
+    weight saved for the backward). AOTAutograd gives the backward's inputs the same names."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    static = set()
+    for i in static_idxs:
+        val = placeholders[i].meta.get("val")
+        if isinstance(val, torch.Tensor):
+            static.add(StorageWeakRef(val.untyped_storage()))
+    names = []
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        if n.op == "call_function" and isinstance(val, torch.Tensor):
+            try:
+                if StorageWeakRef(val.untyped_storage()) in static:
+                    names.append(n.name)
+            except (NotImplementedError, RuntimeError):  # tensors without storage
+                pass
+    return names
+
+
+def _backward_static_indices(gm: torch.fx.GraphModule, forward_static: Sequence[int],
+                             forward_static_aliases: Sequence[str]) -> List[int]:
+    """Backward inputs that are the forward's static inputs (named primals_N, N-1 static) or
+    views of them are static too."""
+    fwd = set(forward_static)
+    aliases = set(forward_static_aliases)
+    static = []
+    for idx, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        m = re.fullmatch(r"primals_(\d+)", n.name)
+        if (m and int(m.group(1)) - 1 in fwd) or n.name in aliases:
+            static.append(idx)
+    return static
+
+
+class _Options:
+    def __init__(self, inner="inductor", max_recorded_shapes=8, strict=False, warmup_iters=1,
+                 rerecord_limit=8):
+        if inner not in _INNER:
+            raise ValueError(f"graphtrees: inner must be one of {_INNER}, got {inner!r}")
+        if not isinstance(max_recorded_shapes, int) or max_recorded_shapes < 1:
+            raise ValueError(f"graphtrees: max_recorded_shapes must be an int >= 1, got {max_recorded_shapes!r}")
+        if not isinstance(warmup_iters, int) or warmup_iters < 1:
+            raise ValueError(f"graphtrees: warmup_iters must be an int >= 1, got {warmup_iters!r}")
+        if not isinstance(rerecord_limit, int) or rerecord_limit < 0:
+            raise ValueError(f"graphtrees: rerecord_limit must be an int >= 0, got {rerecord_limit!r}")
+        self.inner = inner
+        self.max_recorded_shapes = max_recorded_shapes
+        self.strict = bool(strict)
+        self.warmup_iters = warmup_iters
+        self.rerecord_limit = rerecord_limit
+
+
+def _wrap(opts: _Options, compiled: Callable[[list], Any], gm: torch.fx.GraphModule,
+          static_idxs: Sequence[int], mode: int, name: str) -> Callable[[list], Any]:
+    reason = skip_reason(gm, static_idxs) or ""
+    if reason and opts.strict:
+        raise SkipError(f"graphtrees (strict=True): cannot record '{name}': {reason}")
+
+    def run(*args):
+        return compiled(list(args))
+
+    graphed = get_ext().GraphedCallable(run, list(static_idxs), opts.warmup_iters,
+                                        opts.rerecord_limit, None, name, mode, reason,
+                                        opts.max_recorded_shapes)
+
+    def boxed(args):
+        flat = list(args)
+        args.clear()  # AOTAutograd's boxed convention: the callee owns the inputs now
+        return graphed(*flat)
+
+    boxed._boxed_call = True
+    boxed.graphed = graphed
+    return boxed
+
+
+def _patch_dynamo_reset() -> None:
+    """Makes torch._dynamo.reset() free graphtrees' trees too (it frees PyTorch's own)."""
+    import torch._dynamo
+
+    current = torch._dynamo.reset
+    if getattr(current, "_graphtrees", False):
+        return
+
+    @functools.wraps(current)
+    def reset(*args, **kwargs):
+        result = current(*args, **kwargs)
+        get_ext().reset()
+        return result
+
+    reset._graphtrees = True
+    torch._dynamo.reset = reset
+
+
+def make_backend(**options) -> Callable:
+    """A dynamo backend (for ``torch.compile(backend=...)``) with graphtrees options:
+    inner ("inductor" or "aot_eager"), max_recorded_shapes, strict, warmup_iters,
+    rerecord_limit."""
+    opts = _Options(**options)
+
+    def graphtrees_backend(gm: torch.fx.GraphModule, example_inputs: List[Any]):
+        _patch_dynamo_reset()
+        graph = f"graph{next(_graph_counter)}"
+        forward_static: List[int] = []
+        forward_static_aliases: List[str] = []
+
+        def mode_name(mode):
+            return {_INFERENCE: "inference", _FORWARD: "forward", _BACKWARD: "backward"}[mode]
+
+        if opts.inner == "aot_eager":
+            from torch._dynamo.backends.common import aot_autograd
+
+            def fw_compiler(aot_gm, aot_inputs, is_inference=False):
+                static = _forward_static_indices(len(example_inputs), aot_inputs)
+                forward_static[:] = static
+                forward_static_aliases[:] = _static_aliases(aot_gm, static)
+                mode = _INFERENCE if is_inference else _FORWARD
+                return _wrap(opts, lambda args: aot_gm(*args), aot_gm, static, mode,
+                             f"{graph}.{mode_name(mode)}")
+
+            def bw_compiler(aot_gm, aot_inputs):
+                static = _backward_static_indices(aot_gm, forward_static, forward_static_aliases)
+                return _wrap(opts, lambda args: aot_gm(*args), aot_gm, static, _BACKWARD,
+                             f"{graph}.backward")
+
+            return aot_autograd(
+                fw_compiler=fw_compiler,
+                bw_compiler=bw_compiler,
+                inference_compiler=functools.partial(fw_compiler, is_inference=True),
+            )(gm, example_inputs)
+
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+        from torch._inductor.utils import BoxedBool
+
+        def inner_compile(aot_gm, aot_inputs, **kwargs):
+            kwargs["cudagraphs"] = BoxedBool(False)  # graphtrees records the graphs
+            compiled = compile_fx_inner(aot_gm, aot_inputs, **kwargs)
+            if kwargs.get("is_backward", False):
+                mode = _BACKWARD
+                static = _backward_static_indices(aot_gm, forward_static, forward_static_aliases)
+            else:
+                mode = _INFERENCE if kwargs.get("is_inference", False) else _FORWARD
+                static = sorted(set(kwargs.get("static_input_idxs") or ())
+                                | set(_forward_static_indices(len(example_inputs), aot_inputs)))
+                forward_static[:] = static
+                forward_static_aliases[:] = _static_aliases(aot_gm, static)
+            return _wrap(opts, compiled, aot_gm, static, mode, f"{graph}.{mode_name(mode)}")
+
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+    return graphtrees_backend
+
+
+# The backend registered as "graphtrees" (default options: inner="inductor").
+graphtrees_backend = make_backend()
+
+_BACKEND_OPTIONS = ("max_recorded_shapes", "strict", "warmup_iters", "rerecord_limit")
+_COMPILE_OPTIONS = ("fullgraph", "dynamic", "disable")
+
+
+def compile(model: Optional[Callable] = None, *, inner: str = "inductor", **options):
+    """``torch.compile(model)`` with graphtrees recording the compiled graphs.
+
+    Args:
+        inner: the compiler of each forward/backward graph: "inductor" or "aot_eager".
+        max_recorded_shapes: recordings per compiled graph (one per distinct input shape);
+            past it the least recently used one is evicted (logged, counted in tree_info).
+        strict: raise instead of running a graph eagerly when it cannot be recorded.
+        warmup_iters, rerecord_limit: as for :func:`graphtrees.cudagraphify`.
+        fullgraph, dynamic, disable: passed to ``torch.compile``.
+    """
+    backend_opts = {k: options.pop(k) for k in list(options) if k in _BACKEND_OPTIONS}
+    compile_opts = {k: options.pop(k) for k in list(options) if k in _COMPILE_OPTIONS}
+    if options:
+        raise TypeError(f"graphtrees.compile: unexpected options {sorted(options)}; "
+                        f"graphtrees options are {_BACKEND_OPTIONS}, torch.compile options are "
+                        f"{_COMPILE_OPTIONS}")
+    backend = make_backend(inner=inner, **backend_opts)
+    if model is None:
+        return functools.partial(torch.compile, backend=backend, **compile_opts)
+    return torch.compile(model, backend=backend, **compile_opts)

@@ -1,0 +1,283 @@
+"""torch.compile integration: the "graphtrees" backend, training, generations, shapes, skips."""
+
+import copy
+import logging
+
+import pytest
+import torch
+from helpers import assert_invariants, assert_overwritten, info
+
+import graphtrees
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _mlp(device, d_in=8, d_hidden=32, d_out=4):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(d_in, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, d_out)
+    ).to(device)
+
+
+def test_backend_is_registered_by_entry_point():
+    assert "graphtrees" in torch._dynamo.list_backends(exclude_tags=())
+
+
+def test_inference_transformer_block_with_string_backend(device):
+    torch.manual_seed(0)
+    block = torch.nn.TransformerEncoderLayer(
+        d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True
+    ).to(device).eval()
+    compiled = torch.compile(block, backend="graphtrees")
+    x = torch.randn(2, 5, 32, device=device)
+    with torch.no_grad():
+        ref = block(x)
+        for call in range(4):
+            torch.testing.assert_close(compiled(x), ref)
+            if call == 1:
+                nodes_after_recording = info(device)["num_nodes"]
+    t = info(device)
+    assert t["num_nodes"] == nodes_after_recording >= 1  # the third call recorded nothing new
+    assert t["num_replays"] >= 2 and t["num_fallbacks"] == 0
+
+
+def _train(model, step_fn, steps, lr=0.1):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        step_fn()
+        opt.step()
+
+
+def test_training_matches_eager(device):
+    model = _mlp(device)
+    ref = copy.deepcopy(model)
+    compiled = graphtrees.compile(model, inner="aot_eager")
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(16, 8, generator=gen).to(device), torch.randn(16, 4, generator=gen).to(device))
+            for _ in range(20)]
+    recordings = []
+
+    def run(m, f):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for i, (x, y) in enumerate(data):
+            opt.zero_grad()
+            loss = ((f(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            if f is compiled:
+                recordings.append(info(device)["num_recordings"])
+
+    run(ref, ref)
+    run(model, compiled)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    t = info(device)
+    nodes = {n["id"]: n for n in t["nodes"]}
+    (fwd,) = [n for n in t["nodes"] if n["function"].endswith(".forward")]
+    (bwd,) = [n for n in t["nodes"] if n["function"].endswith(".backward")]
+    assert bwd["parent"] == fwd["id"] and fwd["parent"] is None
+    assert "M" in bwd["input_kinds"]  # saved activations are used in place
+    assert recordings[1] == 2 and recordings[-1] == 2  # nothing recorded after the warm-up steps
+    assert t["num_replays"] == 2 * 18 and t["num_fallbacks"] == 0
+    assert len(nodes) == 2
+
+
+@pytest.mark.parametrize("pattern", ["forwards_then_backward", "interleaved"])
+def test_gradient_accumulation_over_micro_batches(device, pattern):
+    model = _mlp(device)
+    ref = copy.deepcopy(model)
+    compiled = graphtrees.compile(model, inner="aot_eager")
+    gen = torch.Generator().manual_seed(2)
+    batches = [[torch.randn(8, 8, generator=gen).to(device) for _ in range(4)] for _ in range(5)]
+
+    def run(m, f):
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        for micro in batches:
+            opt.zero_grad()
+            if pattern == "forwards_then_backward":
+                losses = [f(x).pow(2).mean() for x in micro]
+                torch.stack(losses).sum().backward()
+            else:
+                for x in micro:
+                    f(x).pow(2).mean().backward()
+            opt.step()
+
+    run(ref, ref)
+    run(model, compiled)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    assert info(device)["num_replays"] > 0
+    assert_invariants(device)
+
+
+def test_graph_break_gives_two_functions_on_one_path(device):
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+            self.b = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            torch._dynamo.graph_break()
+            return self.b(h) * 2
+
+    m = Broken().to(device)
+    compiled = graphtrees.compile(m, inner="aot_eager")
+    x = torch.randn(4, 8, device=device)
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), ref)
+    t = info(device)
+    assert t["num_nodes"] == 2 and t["num_roots"] == 1
+    (root,) = [n for n in t["nodes"] if n["parent"] is None]
+    (child,) = [n for n in t["nodes"] if n["parent"] == root["id"]]
+    assert root["replays"] == 2 and child["replays"] == 2
+    assert "M" in child["input_kinds"]  # the first graph's output feeds the second in place
+
+
+def test_shape_changes_beyond_the_bound_evict(device, caplog):
+    caplog.set_level(logging.INFO, logger="graphtrees")
+    model = _mlp(device).eval()
+    compiled = graphtrees.compile(model, inner="aot_eager", dynamic=True, max_recorded_shapes=3)
+    reserved = []
+    with torch.no_grad():
+        for cycle in range(3):
+            for batch in (1, 2, 3, 4, 5, 6):
+                x = torch.randn(batch, 8, device=device)
+                for _ in range(3):
+                    torch.testing.assert_close(compiled(x), model(x))
+            reserved.append(info(device)["pool"]["reserved_bytes"])
+    t = info(device)
+    assert t["num_evictions"] > 0 and "evicted node" in caplog.text
+    assert "max_recorded_shapes=3" in caplog.text
+    per_graph = {}
+    for n in t["nodes"]:
+        per_graph.setdefault(n["function"].split("#")[0], []).append(n)
+    # Batch 1 gets a specialised graph of its own; the dynamic graph holds at most 3 shapes.
+    assert max(len(v) for v in per_graph.values()) == 3
+    assert reserved[-1] == reserved[0]  # memory stays bounded
+
+
+def test_forward_output_held_into_next_step_raises(device):
+    model = _mlp(device).eval()
+    compiled = graphtrees.compile(model, inner="aot_eager")
+    x = torch.randn(4, 8, device=device)
+    with torch.no_grad():
+        for _ in range(3):
+            out = compiled(x)
+        compiled(x)  # the next step replays over `out`
+    with pytest.raises(RuntimeError) as e:
+        out.sum()
+    msg = str(e.value)
+    assert "overwritten by a subsequent run" in msg and ".clone()" in msg and "mark_step_begin" in msg
+
+
+def test_forward_without_backward_does_not_get_stuck(device, caplog):
+    caplog.set_level(logging.WARNING, logger="graphtrees")
+    model = _mlp(device)
+    compiled = graphtrees.compile(model, inner="aot_eager")
+    x = torch.randn(4, 8, device=device)
+    for _ in range(40):  # grad mode on, backward never called
+        out = compiled(x)
+        torch.testing.assert_close(out, model(x))
+    assert "backward was pending" in caplog.text
+    assert caplog.text.count("backward was pending") == 1
+    assert info(device)["num_nodes"] <= 17
+
+
+def test_mark_step_begin_overrides_pending_backward(device):
+    model = _mlp(device)
+    compiled = graphtrees.compile(model, inner="aot_eager")
+    x = torch.randn(4, 8, device=device)
+    for _ in range(6):
+        graphtrees.mark_step_begin()
+        out = compiled(x)
+    t = info(device)
+    assert t["num_nodes"] == 1 and t["num_replays"] == 4
+    del out
+
+
+def test_skip_item_is_logged_with_source_line(device, caplog):
+    caplog.set_level(logging.WARNING, logger="graphtrees")
+
+    def f(x):
+        s = x.sum().long().item()  # an int: a data-dependent scalar (a float would be tensorified)
+        return x * s
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        compiled = graphtrees.compile(f, inner="aot_eager")
+        x = torch.ones(4, device=device)
+        with torch.no_grad():
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), x * 4)
+    assert "_local_scalar_dense" in caplog.text and "test_compile.py" in caplog.text
+    assert info(device)["num_fallbacks"] == 3 and info(device)["num_nodes"] == 0
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        strict = graphtrees.compile(f, inner="aot_eager", strict=True)
+        with pytest.raises(Exception, match="cannot record"):
+            strict(x)
+
+
+def test_skip_data_dependent_shape(device, caplog):
+    caplog.set_level(logging.WARNING, logger="graphtrees")
+
+    def f(x):
+        return x.nonzero().float().sum() + x
+
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        compiled = graphtrees.compile(f, inner="aot_eager")
+        x = torch.tensor([0.0, 1.0, 2.0], device=device)
+        with torch.no_grad():
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), f(x))
+    assert "nonzero" in caplog.text
+
+
+def test_skip_mutation_of_eager_input_inductor(device, caplog):
+    caplog.set_level(logging.WARNING, logger="graphtrees")
+
+    def f(x, y):
+        x.add_(1)
+        return x * y
+
+    compiled = graphtrees.compile(f, inner="inductor")
+    x = torch.zeros(4, device=device)
+    y = torch.ones(4, device=device)
+    with torch.no_grad():
+        for i in range(3):
+            out = compiled(x, y)
+            torch.testing.assert_close(x, torch.full((4,), float(i + 1), device=device))
+            torch.testing.assert_close(out, x)
+    assert "mutation of eager input #0" in caplog.text
+
+
+def test_torch_dynamo_reset_frees_the_trees(device):
+    model = _mlp(device).eval()
+    compiled = graphtrees.compile(model, inner="aot_eager")
+    x = torch.randn(4, 8, device=device)
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(x)
+    assert info(device)["num_nodes"] == 1
+    torch._dynamo.reset()
+    t = info(device)
+    assert t["num_nodes"] == 0 and t["pool"]["reserved_bytes"] == 0
+
+
+def test_compile_option_validation():
+    with pytest.raises(ValueError, match="inner must be one of"):
+        graphtrees.compile(torch.nn.Linear(2, 2), inner="tvm")
+    with pytest.raises(TypeError, match="unexpected options"):
+        graphtrees.compile(torch.nn.Linear(2, 2), colour="blue")
+    with pytest.raises(ValueError, match="max_recorded_shapes"):
+        graphtrees.compile(torch.nn.Linear(2, 2), max_recorded_shapes=0)
