@@ -214,7 +214,17 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   auto lock = lockTree(*tree);
   CallResult r;
   try {
-    r = tree->call(sig.record, flat.tensors, run);
+    try {
+      r = tree->call(sig.record, flat.tensors, run);
+    } catch (const RestoreFailed& e) {
+      // Nothing ran yet: retire the tree and run the call on a fresh one.
+      lock.unlock();
+      TreeManager::retire(tree, e.what());
+      tree = TreeManager::get(device, true, &why_not);
+      TORCH_CHECK(tree != nullptr, "graphtrees: no tree for ", device, ": ", why_not);
+      lock = lockTree(*tree);
+      r = tree->call(sig.record, flat.tensors, run);
+    }
   } catch (py::error_already_set& e) {
     clearTracebackFrames(e);
     throw;

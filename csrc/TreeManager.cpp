@@ -30,6 +30,15 @@ std::map<std::string, std::unique_ptr<TreeManager>>& registry() {
   static std::map<std::string, std::unique_ptr<TreeManager>> trees;
   return trees;
 }
+std::vector<std::unique_ptr<TreeManager>>& retiredTrees() {
+  static std::vector<std::unique_ptr<TreeManager>> trees;
+  return trees;
+}
+std::map<std::string, int64_t>& retiredCounts() {
+  static std::map<std::string, int64_t> counts;
+  return counts;
+}
+std::atomic<int> g_fail_restores{0};
 std::atomic<int64_t> g_step{0};
 std::atomic<uint64_t> g_epoch{1};
 thread_local int tls_call_depth = 0;
@@ -124,13 +133,33 @@ TreeManager* TreeManager::get(c10::Device device, bool create, std::string* why_
 
 void TreeManager::resetAll() {
   std::map<std::string, std::unique_ptr<TreeManager>> trees;
+  std::vector<std::unique_ptr<TreeManager>> retired;
   {
     std::lock_guard<std::mutex> lock(registryMutex());
     trees.swap(registry());
+    retired.swap(retiredTrees());
+    retiredCounts().clear();
     g_epoch++;
   }
   trees.clear();  // destructors invalidate live outputs and release the pools
+  retired.clear();
 }
+
+void TreeManager::retire(TreeManager* tree, const std::string& why) {
+  std::lock_guard<std::mutex> lock(registryMutex());
+  const std::string key = tree->device().str();
+  auto it = registry().find(key);
+  if (it == registry().end() || it->second.get() != tree) return;  // already retired
+  retiredTrees().push_back(std::move(it->second));
+  registry().erase(it);
+  retiredCounts()[key]++;
+  logMessage(LogLevel::kWarning,
+             "restoring the pool of the " + key + " tree failed (" + why +
+                 "); recording into a fresh pool from now on. The old tree's recordings and "
+                 "outputs stay valid until graphtrees.reset().");
+}
+
+void TreeManager::failNextRestores(int n) { g_fail_restores = n; }
 
 void TreeManager::markStepBegin() { g_step++; }
 
@@ -330,6 +359,10 @@ void TreeManager::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
 //      outputs that the checkpoint does not protect are invalidated: the new run may reuse them.
 // Only the allocator's bookkeeping is reset, never memory contents, so live outputs keep their data.
 void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs) {
+  if (g_fail_restores.load() > 0) {
+    g_fail_restores--;
+    throw RestoreFailed("simulated failure (graphtrees._C._fail_next_restores)");
+  }
   backend_->synchronize();
   pruneDead();
   auto owningPtrs = [this] {
@@ -372,7 +405,13 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
       TORCH_INTERNAL_ASSERT(swapped);
     }
   }
-  RestoreResult delta = backend_->restore(*node->checkpoint_);
+  RestoreResult delta;
+  try {
+    delta = backend_->restore(*node->checkpoint_);
+  } catch (const std::exception& e) {
+    // Owning outputs gave up ownership above; their blocks stay allocated in the retired pool.
+    throw RestoreFailed(std::string("setCheckpointPoolState: ") + e.what());
+  }
   std::unordered_map<uintptr_t, c10::DataPtr*> by_ptr;
   for (auto& dp : delta.dataptrs_allocd) by_ptr[reinterpret_cast<uintptr_t>(dp.get())] = &dp;
   for (auto it = live_.begin(); it != live_.end();) {
@@ -956,6 +995,11 @@ TreeInfo TreeManager::info() {
   t.num_replays = num_replays_;
   t.num_invalidations = num_invalidations_;
   t.num_evictions = num_evictions_;
+  {
+    std::lock_guard<std::mutex> lock(registryMutex());
+    auto it = retiredCounts().find(t.device);
+    t.retired_trees = it == retiredCounts().end() ? 0 : it->second;
+  }
   t.pending_backward = pending_backward_;
   t.live_outputs = static_cast<int64_t>(live_.size());
   t.current_node = current_ ? current_->id() : -1;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -53,6 +54,14 @@ struct CallResult {
   RunKind kind = RunKind::kEager;
 };
 
+// Restoring a pool checkpoint failed (PyTorch issue #140419: setCheckpointPoolState can assert
+// "Expected curr_block->next == nullptr"). Thrown before the call ran the user's function; the
+// caller retires the tree and runs the call again on a fresh one.
+class RestoreFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct NodeInfo {
   int64_t id = 0;
   int64_t parent = -1;
@@ -82,6 +91,7 @@ struct TreeInfo {
   int64_t num_replays = 0;
   int64_t num_invalidations = 0;
   int64_t num_evictions = 0;
+  int64_t retired_trees = 0;  // trees of this device retired after a failed restore
   bool pending_backward = false;
   int64_t live_outputs = 0;
   int64_t current_node = -1;
@@ -96,6 +106,11 @@ class TreeManager {
   static TreeManager* get(c10::Device device, bool create, std::string* why_not);
   // Frees every tree: nodes, graphs and pools. Live outputs are invalidated.
   static void resetAll();
+  // Takes `tree` out of service after a RestoreFailed: the next get() creates a fresh tree (and
+  // pool) for the device; the retired one, with its live outputs, stays until resetAll().
+  static void retire(TreeManager* tree, const std::string& why);
+  // Testing hook: the next `n` restores fail with RestoreFailed before touching anything.
+  static void failNextRestores(int n);
   // Starts a new generation in every tree at its next call.
   static void markStepBegin();
   // Increases each time the trees are reset; function records compare against it.

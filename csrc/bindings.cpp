@@ -48,6 +48,7 @@ py::dict treeInfo(const py::handle& device_obj) {
   d["num_replays"] = t.num_replays;
   d["num_invalidations"] = t.num_invalidations;
   d["num_evictions"] = t.num_evictions;
+  d["retired_trees"] = t.retired_trees;
   d["pending_backward"] = t.pending_backward;
   d["live_outputs"] = t.live_outputs;
   d["current_node"] = t.current_node >= 0 ? py::object(py::int_(t.current_node)) : py::object(py::none());
@@ -160,6 +161,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     });
   });
   m.def("_set_debug_checks", &TreeManager::setDebugChecks, py::arg("on"));
+  m.def("_fail_next_restores", &TreeManager::failNextRestores, py::arg("n"),
+        "Testing hook: the next n pool restores fail as PyTorch issue #140419 does.");
   m.def("_cpu_pool_totals", &CpuPool::globalStats,
         "[pools alive, allocated blocks, reserved bytes] over every CPU pool, released ones too.");
   py::list backends;

@@ -622,3 +622,29 @@ def test_threads_use_the_tree_one_at_a_time(device):
         assert isinstance(e, RuntimeError) and "overwritten" in str(e)
     gc.collect()
     assert_invariants(device)
+
+
+def test_failed_restore_records_into_a_fresh_pool(device, tree_logs):
+    # PyTorch issue #140419: setCheckpointPoolState can fail. graphtrees then retires the tree
+    # and records into a fresh pool instead of crashing; forced here through a testing hook.
+    g1 = cudagraphify(lambda x: x * 2)
+    g2 = cudagraphify(lambda a: a + 1)
+    x = torch.rand(64, device=device)
+    for _ in range(3):
+        mark_step_begin()
+        a = g1(x)
+        g2(a)
+    graphtrees._ext.get_ext()._fail_next_restores(1)
+    h = cudagraphify(lambda a: a.exp())
+    out = h(a)  # warmup after replays needs a restore, which fails
+    torch.testing.assert_close(out, (x * 2).exp())
+    torch.testing.assert_close(a, x * 2)  # the old tree's output is intact
+    t = info(device)
+    assert t["retired_trees"] == 1 and t["num_nodes"] == 0
+    assert tree_logs.text.count("recording into a fresh pool") == 1
+    for _ in range(3):
+        mark_step_begin()
+        a = g1(x)
+        torch.testing.assert_close(h(a), (x * 2).exp())
+    assert info(device)["num_nodes"] == 2  # g1 and h, recorded in the new pool
+    assert_invariants(device)
