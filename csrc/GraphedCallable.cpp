@@ -140,7 +140,7 @@ py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwa
   if (tree != nullptr) {
     auto lock = lockTree(*tree);
     tree->noteFallback(unsupported_, reason);
-  } else {
+  } else if (logged_reasons_.insert(reason).second) {
     logMessage(LogLevel::kWarning, "running '" + name_ + "' eagerly: " + reason);
   }
   return fn_(*args, **kwargs);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace graphtrees {
@@ -65,6 +66,7 @@ class GraphedCallable {
   int64_t signatures_created_ = 0;
   std::unordered_map<std::string, std::unique_ptr<Signature>> signatures_;
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists
+  std::unordered_set<std::string> logged_reasons_;  // fallbacks with no tree to count them
   std::vector<at::Tensor> module_tensors_;
   uint64_t module_epoch_ = 0;
 

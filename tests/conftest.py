@@ -1,5 +1,6 @@
 import gc
 import logging
+import os
 
 import pytest
 import torch
@@ -9,7 +10,9 @@ from graphtrees._ext import get_ext, has_ext
 
 
 def _cuda_usable():
-    return has_ext() and "cuda" in get_ext().backends and torch.cuda.is_available()
+    # The CUDA backend is enabled with GRAPHTREES_CUDA=1 until it has been verified on a GPU.
+    return (has_ext() and "cuda" in get_ext().backends and os.environ.get("GRAPHTREES_CUDA") == "1"
+            and torch.cuda.is_available())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -21,7 +24,8 @@ def pytest_collection_modifyitems(config, items):
         return
     if _cuda_usable():
         return
-    skip_cuda = pytest.mark.skip(reason="needs a CUDA device and graphtrees' CUDA backend")
+    skip_cuda = pytest.mark.skip(
+        reason="needs a CUDA device, graphtrees built with its CUDA backend, and GRAPHTREES_CUDA=1")
     for item in items:
         if "needs_cuda" in item.keywords:
             item.add_marker(skip_cuda)
