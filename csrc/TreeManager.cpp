@@ -179,7 +179,7 @@ TreeManager::~TreeManager() {
   pinned_.clear();
   for (auto& kv : live_) {
     try {
-      invalidate(kv.first, kv.second, "graphtrees.reset() freed the pool");
+      invalidate(kv.second, "graphtrees.reset() freed the pool");
     } catch (const std::exception& e) {
       logMessage(LogLevel::kWarning, std::string("reset: ") + e.what());
     }
@@ -218,24 +218,25 @@ void TreeManager::trackStorage(const c10::Storage& storage, int64_t slot, TreeNo
   t.generation = generation_;
   t.node = node;
   t.producer = producer;
-  live_.insert_or_assign(slot, std::move(t));
+  auto old = live_.find(slot);
+  if (old != live_.end()) eraseEntry(old);
+  live_.emplace(slot, std::move(t));
   slot_of_[storage.unsafeGetStorageImpl()] = slot;
   generation_slots_.push_back(slot);
 }
 
+TreeManager::LiveMap::iterator TreeManager::eraseEntry(LiveMap::iterator it) {
+  slot_of_.erase(it->second.weak._unsafe_get_target());
+  return live_.erase(it);
+}
+
 void TreeManager::pruneDead() {
   for (auto it = live_.begin(); it != live_.end();) {
-    if (it->second.weak.expired()) {
-      slot_of_.erase(it->second.weak._unsafe_get_target());
-      it = live_.erase(it);
-    } else {
-      ++it;
-    }
+    it = it->second.weak.expired() ? eraseEntry(it) : std::next(it);
   }
 }
 
-void TreeManager::invalidate(int64_t slot, const Tracked& entry, const std::string& by) {
-  (void)slot;
+void TreeManager::invalidate(const Tracked& entry, const std::string& by) {
   auto strong = entry.weak.lock();
   if (!strong) return;
   if (ownsPoolBlock(*strong)) {
@@ -285,14 +286,12 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
   for (auto it = live_.begin(); it != live_.end();) {
     auto strong = it->second.weak.lock();
     if (!strong) {
-      slot_of_.erase(it->second.weak._unsafe_get_target());
-      it = live_.erase(it);
+      it = eraseEntry(it);
       continue;
     }
     if (ownsPoolBlock(*strong) && !spared.count(strong.get())) {
-      invalidate(it->first, it->second, "a new step began: " + why);
-      slot_of_.erase(strong.get());
-      it = live_.erase(it);
+      invalidate(it->second, "a new step began: " + why);
+      it = eraseEntry(it);
     } else {
       ++it;
     }
@@ -326,9 +325,8 @@ void TreeManager::prepareToAllocate(std::vector<at::Tensor>* inputs) {
   cloneInputsAtRisk(inputs, at_risk);
   for (int64_t slot : at_risk) {
     auto it = live_.find(slot);
-    invalidate(slot, it->second, "a new recording or warmup reuses its memory");
-    slot_of_.erase(it->second.weak._unsafe_get_target());
-    live_.erase(it);
+    invalidate(it->second, "a new recording or warmup reuses its memory");
+    eraseEntry(it);
   }
   dirty_ = false;
 }
@@ -417,15 +415,13 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
   for (auto it = live_.begin(); it != live_.end();) {
     auto strong = it->second.weak.lock();
     if (!strong) {
-      slot_of_.erase(it->second.weak._unsafe_get_target());
-      it = live_.erase(it);
+      it = eraseEntry(it);
       continue;
     }
     if (at_risk.count(it->first)) {
-      invalidate(it->first, it->second,
+      invalidate(it->second,
                  "the pool was restored for a new run of the tree and reuses its memory");
-      slot_of_.erase(strong.get());
-      it = live_.erase(it);
+      it = eraseEntry(it);
       continue;
     }
     auto found = by_ptr.find(it->second.ptr);
@@ -635,9 +631,8 @@ void TreeManager::removeNode(TreeNode* node, const std::string& why) {
   pinned_.erase(node->id());
   for (auto it = live_.begin(); it != live_.end();) {
     if (it->second.node == node) {
-      invalidate(it->first, it->second, why);
-      slot_of_.erase(it->second.weak._unsafe_get_target());
-      it = live_.erase(it);
+      invalidate(it->second, why);
+      it = eraseEntry(it);
     } else {
       ++it;
     }
@@ -925,12 +920,10 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   for (auto it = live_.begin(); it != live_.end();) {
     const Tracked& e = it->second;
     if (e.weak.expired()) {
-      slot_of_.erase(e.weak._unsafe_get_target());
-      it = live_.erase(it);
+      it = eraseEntry(it);
     } else if (node.overlapsFootprint(e.ptr, e.ptr + e.nbytes)) {
-      invalidate(it->first, e, "a replay of '" + fn.name + "' wrote to its memory");
-      slot_of_.erase(e.weak._unsafe_get_target());
-      it = live_.erase(it);
+      invalidate(e, "a replay of '" + fn.name + "' wrote to its memory");
+      it = eraseEntry(it);
     } else {
       ++it;
     }

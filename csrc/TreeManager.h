@@ -178,7 +178,10 @@ class TreeManager {
   void restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs);
   void cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
                          const std::unordered_set<int64_t>& slots_at_risk);
-  void invalidate(int64_t slot, const Tracked& entry, const std::string& by);
+  using LiveMap = std::unordered_map<int64_t, Tracked>;
+  // Frees the block `entry` owns (if any) and makes every access to its storage raise.
+  void invalidate(const Tracked& entry, const std::string& by);
+  LiveMap::iterator eraseEntry(LiveMap::iterator it);
   void trackStorage(const c10::Storage& storage, int64_t slot,
                     TreeNode* node, const std::string& producer);
   bool ownsPoolBlock(const c10::StorageImpl& storage) const;
@@ -209,7 +212,7 @@ class TreeManager {
   int64_t next_node_id_ = 0;
   int64_t next_slot_id_ = 1;
   std::vector<int64_t> generation_slots_;
-  std::unordered_map<int64_t, Tracked> live_;  // slot -> the live storage that holds it
+  LiveMap live_;  // slot -> the live storage that holds it
   std::unordered_map<const c10::StorageImpl*, int64_t> slot_of_;
   std::unordered_set<int64_t> root_functions_;
   std::unordered_set<std::string> logged_;

@@ -201,7 +201,7 @@ bool CudaBackend::checkLiveAllocations(const std::unordered_set<void*>& expected
 
 std::vector<std::pair<Interval, std::vector<CudaBackend::Block>>> CudaBackend::poolLayout() const {
   std::vector<std::pair<Interval, std::vector<Block>>> out;
-  const CCA::SnapshotInfo snap = CCA::snapshot(pool_);
+  const CCA::SnapshotInfo snap = CCA::snapshot(pool_, /*include_traces=*/false);
   for (const auto& seg : snap.segments) {
     if (seg.device != device_.index() || !samePool(seg.owner_private_pool_id, pool_)) continue;
     std::vector<Block> blocks;
