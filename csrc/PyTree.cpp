@@ -1,5 +1,6 @@
 #include "PyTree.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
@@ -43,7 +44,9 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     appendRaw(key, static_cast<int8_t>(t.scalar_type()));
     appendRaw(key, static_cast<int8_t>(t.device().type()));
     appendRaw(key, static_cast<int8_t>(t.device().index()));
-    key->push_back(t.requires_grad() ? 1 : 0);
+    // requires_grad only changes what a call does while grad mode is on (under no_grad and in
+    // AOTAutograd's forward/backward graphs it does not), so it is keyed only then.
+    key->push_back(t.requires_grad() && at::GradMode::is_enabled() ? 1 : 0);
     key->push_back(static_cast<char>(is_static));
     appendRaw(key, static_cast<int16_t>(t.dim()));
     for (int64_t s : t.sizes()) appendRaw(key, s);

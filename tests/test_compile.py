@@ -281,3 +281,43 @@ def test_compile_option_validation():
         graphtrees.compile(torch.nn.Linear(2, 2), colour="blue")
     with pytest.raises(ValueError, match="max_recorded_shapes"):
         graphtrees.compile(torch.nn.Linear(2, 2), max_recorded_shapes=0)
+
+
+def test_training_with_graph_break_chains_forwards_then_backwards(device):
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 16)
+            self.b = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            torch._dynamo.graph_break()
+            return self.b(h)
+
+    torch.manual_seed(0)
+    model = Broken().to(device)
+    ref = copy.deepcopy(model)
+    compiled = graphtrees.compile(model, inner="aot_eager")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(8):
+        x = torch.randn(4, 8, generator=gen).to(device)
+        for m, f, o in ((model, compiled, opts[0]), (ref, ref, opts[1])):
+            o.zero_grad()
+            f(x).pow(2).mean().backward()
+            o.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    nodes = info(device)["nodes"]
+    by_id = {n["id"]: n for n in nodes}
+    (root,) = [n for n in nodes if n["parent"] is None]
+    chain, n = [], root
+    while True:
+        chain.append(n["function"].split(".")[1])
+        if not n["children"]:
+            break
+        (c,) = n["children"]
+        n = by_id[c]
+    assert chain == ["forward", "forward", "backward", "backward"]
+    assert all(n["replays"] == 6 for n in nodes)
