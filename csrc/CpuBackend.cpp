@@ -7,7 +7,9 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
+#include <unordered_set>
 
 namespace graphtrees {
 
@@ -20,6 +22,28 @@ struct Allocation {
 
 enum class RouteMode { kPool, kCapture, kReplay };
 
+// Which replay allocations are alive. A replay hands out recorded addresses; if a temporary lives
+// longer than it did in the recording (a data-dependent lifetime), a later allocation would get
+// memory it still uses. Shared with the replay DataPtrs' contexts, which may outlive the replay.
+struct ReplayLiveness {
+  std::mutex mutex;
+  std::map<uintptr_t, std::pair<uintptr_t, size_t>> alive;  // start -> (end, allocation index)
+};
+
+struct ReplayToken {
+  std::shared_ptr<ReplayLiveness> liveness;
+  uintptr_t start;
+};
+
+void replayFree(void* ctx) {
+  auto* token = static_cast<ReplayToken*>(ctx);
+  {
+    std::lock_guard<std::mutex> lock(token->liveness->mutex);
+    token->liveness->alive.erase(token->start);
+  }
+  delete token;
+}
+
 // The routing of one thread. States nest (a stack through `prev`).
 struct RouteState {
   RouteMode mode = RouteMode::kPool;
@@ -28,6 +52,7 @@ struct RouteState {
   const std::vector<Allocation>* recorded = nullptr;  // replay
   size_t cursor = 0;                                  // replay
   std::string divergence;                             // replay: first mismatch, if any
+  std::shared_ptr<ReplayLiveness> liveness;           // replay
   const std::string* function_name = nullptr;
   RouteState* prev = nullptr;
 };
@@ -70,6 +95,22 @@ c10::DataPtr replayAllocate(RouteState* st, size_t nbytes) {
       st->divergence = "allocation #" + std::to_string(i) + " asked for " +
                        std::to_string(nbytes) + " bytes where the recording asked for " +
                        std::to_string(rec[i].nbytes);
+    } else {
+      const uintptr_t begin = rec[i].ptr;
+      const uintptr_t end = begin + nbytes;
+      std::lock_guard<std::mutex> lock(st->liveness->mutex);
+      auto& alive = st->liveness->alive;
+      auto it = alive.upper_bound(begin);
+      if (it != alive.begin() && std::prev(it)->second.first > begin) --it;
+      if (it != alive.end() && it->first < end) {
+        st->divergence = "allocation #" + std::to_string(i) +
+                         " would reuse the memory of allocation #" +
+                         std::to_string(it->second.second) +
+                         ", which is still alive in this replay although it was freed at that "
+                         "point of the recording (a data-dependent lifetime)";
+      } else {
+        alive.emplace(begin, std::make_pair(end, i));
+      }
     }
   }
   TORCH_CHECK(st->divergence.empty(), "graphtrees: the replay of '", *st->function_name,
@@ -77,8 +118,11 @@ c10::DataPtr replayAllocate(RouteState* st, size_t nbytes) {
               ". Its allocations depend on the input values (data-dependent control flow or "
               "shapes), which a recorded graph cannot reproduce. Run it eagerly, or make the "
               "data-dependent part a separate, unwrapped function.");
-  // Non-owning: a replay writes the recorded address and the pool's bookkeeping is untouched.
-  return c10::DataPtr(reinterpret_cast<void*>(rec[i].ptr), c10::Device(c10::DeviceType::CPU));
+  // Not owning pool memory: a replay writes the recorded address and the pool's bookkeeping is
+  // untouched; the deleter only records that the allocation died.
+  return c10::DataPtr(reinterpret_cast<void*>(rec[i].ptr),
+                      new ReplayToken{st->liveness, rec[i].ptr}, &replayFree,
+                      c10::Device(c10::DeviceType::CPU));
 }
 
 // Installed once as c10's CPU allocator; see Note [CPU emulation of graphs].
@@ -125,13 +169,25 @@ std::vector<Interval> footprintOf(const std::vector<Allocation>& allocs) {
   return v;
 }
 
+// Where and how a recording's output lay, so that a replay can be checked against it.
+struct OutputLayout {
+  const void* storage;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t storage_offset;
+};
+
+OutputLayout layoutOf(const at::Tensor& t) {
+  return {t.storage().data(), t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+}
+
 class CpuGraph final : public Graph {
  public:
-  CpuGraph(std::vector<Allocation> allocations, std::vector<const void*> output_ptrs,
+  CpuGraph(std::vector<Allocation> allocations, std::vector<OutputLayout> outputs,
            std::string name)
       : allocations_(std::move(allocations)),
         footprint_(footprintOf(allocations_)),
-        output_ptrs_(std::move(output_ptrs)),
+        outputs_(std::move(outputs)),
         name_(std::move(name)) {}
 
   void replay(const RunFn& run, const std::vector<at::Tensor>& inputs) override {
@@ -139,6 +195,7 @@ class CpuGraph final : public Graph {
     st.mode = RouteMode::kReplay;
     st.recorded = &allocations_;
     st.function_name = &name_;
+    st.liveness = std::make_shared<ReplayLiveness>();
     std::vector<at::Tensor> outputs;
     {
       RouteGuard guard(&st);
@@ -149,17 +206,43 @@ class CpuGraph final : public Graph {
                       " allocations where the recording made " +
                       std::to_string(allocations_.size());
     }
+    // The outputs must come back where and as the recording's did: the tree rebuilds them from
+    // the recording's metadata (as a CUDA graph replay would).
+    for (size_t i = 0; st.divergence.empty() && i < outputs.size(); ++i) {
+      const OutputLayout now = layoutOf(outputs[i]);
+      const OutputLayout& then = outputs_[i];
+      if (now.storage != then.storage) {
+        st.divergence = "output " + std::to_string(i) +
+                        " came back at another address (the order of its allocations changed)";
+      } else if (now.sizes != then.sizes || now.strides != then.strides ||
+                 now.storage_offset != then.storage_offset) {
+        st.divergence = "output " + std::to_string(i) + " has shape " + c10::str(c10::IntArrayRef(now.sizes)) +
+                        " where the recording's had " + c10::str(c10::IntArrayRef(then.sizes)) +
+                        " (its shape or layout depends on the input values)";
+      }
+    }
+    if (st.divergence.empty() && outputs.size() != outputs_.size()) {
+      st.divergence = "it returned " + std::to_string(outputs.size()) + " tensors where the "
+                      "recording returned " + std::to_string(outputs_.size());
+    }
     TORCH_CHECK(st.divergence.empty(), "graphtrees: the replay of '", name_,
                 "' diverged from its recording: ", st.divergence,
-                ". Its allocations depend on the input values (data-dependent control flow or "
-                "shapes), which a recorded graph cannot reproduce.");
-    bool same = outputs.size() == output_ptrs_.size();
-    for (size_t i = 0; same && i < outputs.size(); ++i) {
-      same = !outputs[i].defined() || outputs[i].storage().data() == output_ptrs_[i];
+                ". It depends on the input values (data-dependent control flow, shapes or "
+                "lifetimes), which a recorded graph cannot reproduce.");
+    // Anything still alive that is not an output was kept by the function (on a module, in a
+    // global): the next run would overwrite it without anyone knowing.
+    outputs.clear();
+    std::unordered_set<uintptr_t> output_storages;
+    for (const auto& o : outputs_) output_storages.insert(reinterpret_cast<uintptr_t>(o.storage));
+    size_t kept = 0;
+    {
+      std::lock_guard<std::mutex> lock(st.liveness->mutex);
+      for (const auto& kv : st.liveness->alive) kept += output_storages.count(kv.first) ? 0 : 1;
     }
-    TORCH_CHECK(same, "graphtrees: the replay of '", name_,
-                "' returned tensors at other addresses than its recording (the order of its "
-                "allocations changed between runs), which a recorded graph cannot reproduce.");
+    TORCH_CHECK(kept == 0, "graphtrees: the replay of '", name_, "' kept ", kept,
+                " tensor(s) it allocated without returning them (for example a cache stored on a "
+                "module or in a global). Their memory belongs to the graph and is overwritten by "
+                "the next run. Create such state before wrapping the function, or return it.");
   }
 
   const std::vector<Interval>& footprint() const override { return footprint_; }
@@ -168,7 +251,7 @@ class CpuGraph final : public Graph {
  private:
   std::vector<Allocation> allocations_;
   std::vector<Interval> footprint_;
-  std::vector<const void*> output_ptrs_;  // storage addresses of the recording's outputs
+  std::vector<OutputLayout> outputs_;
   std::string name_;
 };
 
@@ -218,10 +301,10 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
     RouteGuard guard(&st);
     *outputs = run(inputs);
   }
-  std::vector<const void*> output_ptrs;
-  output_ptrs.reserve(outputs->size());
-  for (const auto& t : *outputs) output_ptrs.push_back(t.defined() ? t.storage().data() : nullptr);
-  return std::make_unique<CpuGraph>(std::move(allocations), std::move(output_ptrs), function_name);
+  std::vector<OutputLayout> layouts;
+  layouts.reserve(outputs->size());
+  for (const auto& t : *outputs) layouts.push_back(layoutOf(t));
+  return std::make_unique<CpuGraph>(std::move(allocations), std::move(layouts), function_name);
 }
 
 void CpuBackend::copyInputs(const std::vector<at::Tensor>& dst,

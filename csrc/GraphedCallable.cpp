@@ -71,9 +71,11 @@ GraphedCallable::GraphedCallable(py::object fn, const std::vector<int64_t>& stat
 void GraphedCallable::refreshModuleTensors() {
   const uint64_t e = module_epoch_counter_.load();
   if (module_.is_none() || e == module_epoch_) return;
-  module_tensors_.clear();
-  for (py::handle p : module_.attr("parameters")()) module_tensors_.push_back(p.cast<at::Tensor>());
-  for (py::handle b : module_.attr("buffers")()) module_tensors_.push_back(b.cast<at::Tensor>());
+  // Built aside and swapped in: another thread may run while parameters() runs Python.
+  std::vector<at::Tensor> tensors;
+  for (py::handle p : module_.attr("parameters")()) tensors.push_back(p.cast<at::Tensor>());
+  for (py::handle b : module_.attr("buffers")()) tensors.push_back(b.cast<at::Tensor>());
+  module_tensors_ = std::move(tensors);
   module_epoch_ = e;
 }
 
@@ -84,7 +86,7 @@ void GraphedCallable::evictLeastRecentlyUsed() {
   for (const auto& candidate : order) {
     Signature& victim = *signatures_.at(candidate.second);
     bool evicted = true;
-    if (TreeManager* tree = TreeManager::get(victim.device, false, nullptr)) {
+    if (auto tree = TreeManager::get(victim.device, false, nullptr)) {
       auto lock = lockTree(*tree);
       evicted = tree->evictFunction(
           victim.record.id, "'" + victim.record.name + "' is the least recently used of " +
@@ -99,17 +101,17 @@ void GraphedCallable::evictLeastRecentlyUsed() {
   }
 }
 
-GraphedCallable::Signature& GraphedCallable::signatureFor(const FlatArgs& flat,
-                                                          c10::Device device) {
+std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const FlatArgs& flat,
+                                                                         c10::Device device) {
   auto it = signatures_.find(flat.key);
   if (it != signatures_.end()) {
     it->second->last_used = ++use_counter_;
-    return *it->second;
+    return it->second;
   }
   if (max_signatures_ > 0 && signatures_.size() >= static_cast<size_t>(max_signatures_)) {
     evictLeastRecentlyUsed();
   }
-  auto sig = std::make_unique<Signature>();
+  auto sig = std::make_shared<Signature>();
   sig->device = device;
   sig->last_used = ++use_counter_;
   FunctionRecord& r = sig->record;
@@ -128,14 +130,13 @@ GraphedCallable::Signature& GraphedCallable::signatureFor(const FlatArgs& flat,
                    " distinct signatures (shapes, dtypes or non-tensor argument values); each one "
                    "is warmed up and recorded separately and keeps its own pool memory");
   }
-  auto& ref = *sig;
-  signatures_.emplace(flat.key, std::move(sig));
-  return ref;
+  signatures_.emplace(flat.key, sig);
+  return sig;
 }
 
 py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwargs,
                                      const FlatArgs& flat, const std::string& reason) {
-  TreeManager* tree = nullptr;
+  std::shared_ptr<TreeManager> tree;
   if (!flat.tensors.empty()) tree = TreeManager::get(flat.tensors[0].device(), true, nullptr);
   if (tree != nullptr) {
     auto lock = lockTree(*tree);
@@ -155,8 +156,11 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   flattenArgs(args, kwargs, static_args_, &flat);
   if (!module_.is_none()) {
     refreshModuleTensors();
+    const std::vector<at::Tensor> module_tensors = module_tensors_;  // a stable snapshot
     flat.key.push_back(module_.attr("training").cast<bool>() ? 'R' : 'E');
-    for (const auto& t : module_tensors_) {
+    const auto count = static_cast<uint32_t>(module_tensors.size());
+    flat.key.append(reinterpret_cast<const char*>(&count), sizeof(count));
+    for (const auto& t : module_tensors) {
       flat.tensors.push_back(t);
       flat.is_static.push_back(1);
     }
@@ -183,10 +187,11 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
     }
   }
   std::string why_not;
-  TreeManager* tree = TreeManager::get(device, true, &why_not);
+  std::shared_ptr<TreeManager> tree = TreeManager::get(device, true, &why_not);
   if (tree == nullptr) return fallback(args, kwargs, flat, why_not);
 
-  Signature& sig = signatureFor(flat, device);
+  const std::shared_ptr<Signature> sig_holder = signatureFor(flat, device);
+  Signature& sig = *sig_holder;
   py::object result;
   const std::string& fname = sig.record.name;
   RunFn run = [&](const std::vector<at::Tensor>& tensors) {
@@ -219,7 +224,7 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
     } catch (const RestoreFailed& e) {
       // Nothing ran yet: retire the tree and run the call on a fresh one.
       lock.unlock();
-      TreeManager::retire(tree, e.what());
+      TreeManager::retire(tree.get(), e.what());
       tree = TreeManager::get(device, true, &why_not);
       TORCH_CHECK(tree != nullptr, "graphtrees: no tree for ", device, ": ", why_not);
       lock = lockTree(*tree);

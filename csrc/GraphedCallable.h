@@ -49,7 +49,8 @@ class GraphedCallable {
 
   py::object fallback(const py::args& args, const py::kwargs& kwargs, const FlatArgs& flat,
                       const std::string& reason);
-  Signature& signatureFor(const FlatArgs& flat, c10::Device device);
+  // Shared, so that a call in flight keeps its signature even if another thread evicts it.
+  std::shared_ptr<Signature> signatureFor(const FlatArgs& flat, c10::Device device);
   void evictLeastRecentlyUsed();
   void refreshModuleTensors();
 
@@ -64,7 +65,7 @@ class GraphedCallable {
   int max_signatures_;
   uint64_t use_counter_ = 0;
   int64_t signatures_created_ = 0;
-  std::unordered_map<std::string, std::unique_ptr<Signature>> signatures_;
+  std::unordered_map<std::string, std::shared_ptr<Signature>> signatures_;
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists
   std::unordered_set<std::string> logged_reasons_;  // fallbacks with no tree to count them
   std::vector<at::Tensor> module_tensors_;

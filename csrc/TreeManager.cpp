@@ -26,12 +26,12 @@ std::mutex& registryMutex() {
   static std::mutex m;
   return m;
 }
-std::map<std::string, std::unique_ptr<TreeManager>>& registry() {
-  static std::map<std::string, std::unique_ptr<TreeManager>> trees;
+std::map<std::string, std::shared_ptr<TreeManager>>& registry() {
+  static std::map<std::string, std::shared_ptr<TreeManager>> trees;
   return trees;
 }
-std::vector<std::unique_ptr<TreeManager>>& retiredTrees() {
-  static std::vector<std::unique_ptr<TreeManager>> trees;
+std::vector<std::shared_ptr<TreeManager>>& retiredTrees() {
+  static std::vector<std::shared_ptr<TreeManager>> trees;
   return trees;
 }
 std::map<std::string, int64_t>& retiredCounts() {
@@ -111,29 +111,37 @@ std::string bytesString(int64_t n) {
 // ---------------------------------------------------------------------------------------------
 // Registry
 
-TreeManager* TreeManager::get(c10::Device device, bool create, std::string* why_not) {
-  std::lock_guard<std::mutex> lock(registryMutex());
-  auto& trees = registry();
+std::shared_ptr<TreeManager> TreeManager::get(c10::Device device, bool create,
+                                              std::string* why_not) {
   const std::string key = device.str();
-  auto it = trees.find(key);
-  if (it != trees.end()) return it->second.get();
-  if (!create) return nullptr;
-  std::string reason;
-  auto backend = makeBackend(device, &reason);
-  if (!backend) {
-    if (why_not) *why_not = reason;
-    return nullptr;
+  std::shared_ptr<TreeManager> tree;
+  {
+    std::lock_guard<std::mutex> lock(registryMutex());
+    auto& trees = registry();
+    auto it = trees.find(key);
+    if (it != trees.end()) return it->second;
+    if (!create) return nullptr;
+    std::string reason;
+    auto backend = makeBackend(device, &reason);
+    if (!backend) {
+      if (why_not) *why_not = reason;
+      return nullptr;
+    }
+    tree = std::make_shared<TreeManager>(std::move(backend));
+    trees.emplace(key, tree);
   }
-  auto* tree = new TreeManager(std::move(backend));
-  trees.emplace(key, std::unique_ptr<TreeManager>(tree));
-  logMessage(LogLevel::kDebug, "created the tree for " + key + " (backend " +
-                                   tree->backend_->name() + ")");
+  // Logged outside the registry's lock: the log sink takes the GIL.
+  logMessage(LogLevel::kDebug,
+             "created the tree for " + key + " (backend " + tree->backend_->name() + ")");
   return tree;
 }
 
 void TreeManager::resetAll() {
-  std::map<std::string, std::unique_ptr<TreeManager>> trees;
-  std::vector<std::unique_ptr<TreeManager>> retired;
+  TORCH_CHECK(!inCall(),
+              "graphtrees.reset() (or torch._dynamo.reset()) was called from inside a graphed "
+              "function's run; call it between graphed calls.");
+  std::map<std::string, std::shared_ptr<TreeManager>> trees;
+  std::vector<std::shared_ptr<TreeManager>> retired;
   {
     std::lock_guard<std::mutex> lock(registryMutex());
     trees.swap(registry());
@@ -146,13 +154,15 @@ void TreeManager::resetAll() {
 }
 
 void TreeManager::retire(TreeManager* tree, const std::string& why) {
-  std::lock_guard<std::mutex> lock(registryMutex());
   const std::string key = tree->device().str();
-  auto it = registry().find(key);
-  if (it == registry().end() || it->second.get() != tree) return;  // already retired
-  retiredTrees().push_back(std::move(it->second));
-  registry().erase(it);
-  retiredCounts()[key]++;
+  {
+    std::lock_guard<std::mutex> lock(registryMutex());
+    auto it = registry().find(key);
+    if (it == registry().end() || it->second.get() != tree) return;  // already retired
+    retiredTrees().push_back(std::move(it->second));
+    registry().erase(it);
+    retiredCounts()[key]++;
+  }
   logMessage(LogLevel::kWarning,
              "restoring the pool of the " + key + " tree failed (" + why +
                  "); recording into a fresh pool from now on. The old tree's recordings and "
@@ -230,15 +240,20 @@ TreeManager::LiveMap::iterator TreeManager::eraseEntry(LiveMap::iterator it) {
   return live_.erase(it);
 }
 
+bool TreeManager::gone(const Tracked& entry) {
+  auto strong = entry.weak.lock();
+  return !strong || strong->data_ptr().get() != reinterpret_cast<void*>(entry.ptr);
+}
+
 void TreeManager::pruneDead() {
   for (auto it = live_.begin(); it != live_.end();) {
-    it = it->second.weak.expired() ? eraseEntry(it) : std::next(it);
+    it = gone(it->second) ? eraseEntry(it) : std::next(it);
   }
 }
 
 void TreeManager::invalidate(const Tracked& entry, const std::string& by) {
   auto strong = entry.weak.lock();
-  if (!strong) return;
+  if (!strong || gone(entry)) return;  // dead, or moved out of the pool: nothing to overwrite
   if (ownsPoolBlock(*strong)) {
     c10::DataPtr& dp = strong->mutable_data_ptr();
     void* ptr = dp.get();
@@ -285,7 +300,7 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
   for (const auto& t : spare) spared.insert(t.storage().unsafeGetStorageImpl());
   for (auto it = live_.begin(); it != live_.end();) {
     auto strong = it->second.weak.lock();
-    if (!strong) {
+    if (gone(it->second)) {
       it = eraseEntry(it);
       continue;
     }
@@ -309,12 +324,14 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
 
 // Before anything allocates in the pool after replays, the pool's bookkeeping must describe the
 // memory that live outputs occupy. See Note [Checkpointing].
-void TreeManager::prepareToAllocate(std::vector<at::Tensor>* inputs) {
+void TreeManager::prepareToAllocate(std::vector<at::Tensor>* inputs,
+                                    const std::vector<uint8_t>& is_static) {
   if (!dirty_) return;
   if (current_ != nullptr) {
-    restoreCheckpoint(current_, inputs);
+    restoreCheckpoint(current_, inputs, is_static);
     return;
   }
+  pruneDead();
   // The path ended after replays. Blocks that live outputs own are allocated in the pool; replayed
   // outputs own nothing, so the allocator may hand their memory out again: they are invalidated.
   std::unordered_set<int64_t> at_risk;
@@ -322,7 +339,7 @@ void TreeManager::prepareToAllocate(std::vector<at::Tensor>* inputs) {
     auto strong = kv.second.weak.lock();
     if (strong && !ownsPoolBlock(*strong)) at_risk.insert(kv.first);
   }
-  cloneInputsAtRisk(inputs, at_risk);
+  cloneInputsAtRisk(inputs, is_static, at_risk);
   for (int64_t slot : at_risk) {
     auto it = live_.find(slot);
     invalidate(it->second, "a new recording or warmup reuses its memory");
@@ -332,11 +349,18 @@ void TreeManager::prepareToAllocate(std::vector<at::Tensor>* inputs) {
 }
 
 void TreeManager::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
+                                    const std::vector<uint8_t>& is_static,
                                     const std::unordered_set<int64_t>& slots_at_risk) {
   if (slots_at_risk.empty()) return;
-  for (auto& t : *inputs) {
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    at::Tensor& t = (*inputs)[i];
     auto it = slot_of_.find(t.storage().unsafeGetStorageImpl());
-    if (it != slot_of_.end() && slots_at_risk.count(it->second)) t = t.clone();
+    if (it == slot_of_.end() || !slots_at_risk.count(it->second)) continue;
+    // A static input is used at its address, so a copy cannot stand in for it.
+    TORCH_CHECK(!is_static[i], "graphtrees: static input ", i,
+                " is an output of an earlier graphed run whose pool memory the next run reuses. "
+                "Pass a tensor with a stable address as a static input (e.g. .clone() it once).");
+    t = t.clone();
   }
 }
 
@@ -356,7 +380,8 @@ void TreeManager::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
 //   4. blocks whose tensors died since are freed (their DataPtrs are simply dropped), and live
 //      outputs that the checkpoint does not protect are invalidated: the new run may reuse them.
 // Only the allocator's bookkeeping is reset, never memory contents, so live outputs keep their data.
-void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs) {
+void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs,
+                                    const std::vector<uint8_t>& is_static) {
   if (g_fail_restores.load() > 0) {
     g_fail_restores--;
     throw RestoreFailed("simulated failure (graphtrees._C._fail_next_restores)");
@@ -394,7 +419,7 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
       at_risk.insert(kv.first);
     }
   }
-  cloneInputsAtRisk(inputs, at_risk);
+  cloneInputsAtRisk(inputs, is_static, at_risk);
   for (auto& kv : live_) {
     auto strong = kv.second.weak.lock();
     if (strong && ownsPoolBlock(*strong)) {
@@ -425,8 +450,11 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
       continue;
     }
     auto found = by_ptr.find(it->second.ptr);
-    TORCH_INTERNAL_ASSERT(found != by_ptr.end(),
-                          "a live output's block is missing from the restored checkpoint");
+    if (found == by_ptr.end()) {  // not expected: be safe rather than hand out a wrong block
+      invalidate(it->second, "its block was missing from the restored checkpoint");
+      it = eraseEntry(it);
+      continue;
+    }
     strong->set_data_ptr_noswap(std::move(*found->second));
     by_ptr.erase(found);
     ++it;
@@ -607,12 +635,11 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
   if (node != nullptr) return replay(*node, fn, inputs, run);
 
   TreeNode* parent = current_ != nullptr ? current_ : &root_;
-  if (parent->countChildrenOf(fn.id) > 0) {
+  const bool rerecord = parent->countChildrenOf(fn.id) > 0;
+  if (rerecord) {
     if (mismatch.empty()) mismatch = "no recording matches the inputs";
-    fn.rerecords++;
-    num_rerecords_++;
-    if (fn.rerecords > fn.rerecord_limit) {
-      fn.eager_reason = "it was re-recorded " + std::to_string(fn.rerecords - 1) +
+    if (fn.rerecords >= fn.rerecord_limit) {
+      fn.eager_reason = "it was re-recorded " + std::to_string(fn.rerecords) +
                         " times (rerecord_limit=" + std::to_string(fn.rerecord_limit) +
                         "), last because " + mismatch;
       return runEager(fn, inputs, run, fn.eager_reason);
@@ -620,10 +647,15 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     logMessage(LogLevel::kInfo, "re-recording '" + fn.name + "' under " +
                                     (current_ ? "node " + std::to_string(current_->id()) : "the root") +
                                     " because " + mismatch + " (re-record " +
-                                    std::to_string(fn.rerecords) + " of at most " +
+                                    std::to_string(fn.rerecords + 1) + " of at most " +
                                     std::to_string(fn.rerecord_limit) + ")");
   }
-  return record(fn, inputs, run, cls);
+  CallResult result = record(fn, inputs, run, cls);
+  if (rerecord && result.kind == RunKind::kRecord) {  // counted once it succeeded
+    fn.rerecords++;
+    num_rerecords_++;
+  }
+  return result;
 }
 
 void TreeManager::removeNode(TreeNode* node, const std::string& why) {
@@ -704,7 +736,7 @@ std::vector<int64_t> versionsOf(const std::vector<at::Tensor>& tensors,
 CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                                const RunFn& run) {
   std::vector<at::Tensor> ins = inputs;
-  prepareToAllocate(&ins);
+  prepareToAllocate(&ins, fn.is_static);
   std::vector<int64_t> unmanaged;
   for (size_t i = 0; i < ins.size(); ++i) {
     if (!fn.is_static[i] && !slot_of_.count(ins[i].storage().unsafeGetStorageImpl())) {
@@ -747,7 +779,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
 CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                                const RunFn& run, const Classified& cls) {
   std::vector<at::Tensor> ins = inputs;
-  prepareToAllocate(&ins);
+  prepareToAllocate(&ins, fn.is_static);
   pruneDead();
   const c10::Device device = backend_->device();
 
@@ -919,7 +951,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   // Outputs of earlier runs that live in memory this replay writes are overwritten now.
   for (auto it = live_.begin(); it != live_.end();) {
     const Tracked& e = it->second;
-    if (e.weak.expired()) {
+    if (gone(e)) {
       it = eraseEntry(it);
     } else if (node.overlapsFootprint(e.ptr, e.ptr + e.nbytes)) {
       invalidate(e, "a replay of '" + fn.name + "' wrote to its memory");

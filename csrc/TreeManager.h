@@ -103,8 +103,10 @@ class TreeManager {
  public:
   // The manager of `device`, created on first use. Returns nullptr (and sets `why_not`) when no
   // backend can serve the device. With create=false returns nullptr if none exists.
-  static TreeManager* get(c10::Device device, bool create, std::string* why_not);
-  // Frees every tree: nodes, graphs and pools. Live outputs are invalidated.
+  // Shared: a call in flight keeps its tree alive even if another thread resets the trees.
+  static std::shared_ptr<TreeManager> get(c10::Device device, bool create, std::string* why_not);
+  // Frees every tree: nodes, graphs and pools. Live outputs are invalidated. A tree that a call
+  // on another thread is using goes when that call ends. Refused inside a graphed call.
   static void resetAll();
   // Takes `tree` out of service after a RestoreFailed: the next get() creates a fresh tree (and
   // pool) for the device; the retired one, with its live outputs, stays until resetAll().
@@ -174,13 +176,17 @@ class TreeManager {
   void resetFunctionIfStale(FunctionRecord& fn);
   bool allGenerationOutputsDead();
   void endPath(const std::string& why, const std::vector<at::Tensor>& spare);
-  void prepareToAllocate(std::vector<at::Tensor>* inputs);
-  void restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs);
-  void cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
+  void prepareToAllocate(std::vector<at::Tensor>* inputs, const std::vector<uint8_t>& is_static);
+  void restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs,
+                         const std::vector<uint8_t>& is_static);
+  void cloneInputsAtRisk(std::vector<at::Tensor>* inputs, const std::vector<uint8_t>& is_static,
                          const std::unordered_set<int64_t>& slots_at_risk);
   using LiveMap = std::unordered_map<int64_t, Tracked>;
   // Frees the block `entry` owns (if any) and makes every access to its storage raise.
   void invalidate(const Tracked& entry, const std::string& by);
+  // Whether the entry no longer describes pool memory: its storage died, or it was moved out of
+  // the pool (resize_(), share_memory_()), in which case its data is its own now.
+  static bool gone(const Tracked& entry);
   LiveMap::iterator eraseEntry(LiveMap::iterator it);
   void trackStorage(const c10::Storage& storage, int64_t slot,
                     TreeNode* node, const std::string& producer);

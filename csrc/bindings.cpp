@@ -26,7 +26,7 @@ py::dict poolDict(const PoolStats& p) {
 
 py::dict treeInfo(const py::handle& device_obj) {
   const c10::Device device = parseDevice(device_obj);
-  TreeManager* tree = TreeManager::get(device, /*create=*/false, nullptr);
+  auto tree = TreeManager::get(device, /*create=*/false, nullptr);
   TreeInfo t;
   t.device = device.str();
   if (tree != nullptr) {
@@ -102,7 +102,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mark_step_begin", &TreeManager::markStepBegin,
         "Starts a new step: the next call of any graphed function begins a new generation.");
   m.def(
-      "reset", [] {
+      "reset",
+      [] {
+        TORCH_CHECK(!TreeManager::inCall(),
+                    "graphtrees.reset() (or torch._dynamo.reset()) was called from inside a "
+                    "graphed function's run; call it between graphed calls.");
         py::gil_scoped_release no_gil;
         TreeManager::resetAll();
       },
@@ -112,7 +116,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "tree_to_dot",
       [](const py::handle& device_obj) {
         const c10::Device device = parseDevice(device_obj);
-        TreeManager* tree = TreeManager::get(device, false, nullptr);
+        auto tree = TreeManager::get(device, false, nullptr);
         if (tree == nullptr) {
           return std::string("digraph graphtrees {\n  label=\"graphtrees: no tree on ") +
                  device.str() + "\";\n}\n";
@@ -124,7 +128,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "check_pool_invariants",
       [](const py::handle& device_obj) {
-        TreeManager* tree = TreeManager::get(parseDevice(device_obj), false, nullptr);
+        auto tree = TreeManager::get(parseDevice(device_obj), false, nullptr);
         if (tree == nullptr) return std::make_pair(true, std::string());
         auto lock = lockTree(*tree);
         std::string why;

@@ -70,30 +70,47 @@ def test_routing_is_confined_to_the_calling_thread():
     assert_invariants("cpu")
 
 
-def test_escaped_pool_tensor_gives_actionable_error():
+def test_lazily_created_pool_tensor_gives_actionable_error():
     # The per-call debug check (on in the tests) would flag the escaped tensor at once; a user's
     # run meets the error at the next restore.
+    graphtrees._ext.get_ext()._set_debug_checks(False)
+    cache = []
+
+    def f(x):
+        y = x * 2
+        if not cache:
+            cache.append(y * 3)  # created lazily during warmup, kept, never returned
+        return y + cache[0]
+
+    g = cudagraphify(f)
+    h = cudagraphify(lambda y: y + 1)
+    x = torch.ones(4)
+    for _ in range(3):
+        mark_step_begin()
+        a = g(x)
+    with pytest.raises(RuntimeError, match="never returned by the graphed function"):
+        h(a)  # h's warmup needs the pool restored
+    cache.clear()
+    torch.testing.assert_close(h(a), x * 8 + 1)
+    assert_invariants("cpu")
+
+
+def test_tensor_kept_by_every_run_is_refused_on_replay():
     graphtrees._ext.get_ext()._set_debug_checks(False)
     stash = []
 
     def f(x):
         y = x * 2
-        stash.append(y * 3)  # allocated in the pool, kept, never returned
+        stash.append(y * 3)  # kept on every call
         return y
 
     g = cudagraphify(f)
-    h = cudagraphify(lambda y: y + 1)
     x = torch.ones(4)
     g(x)
-    mark_step_begin()
     g(x)
-    mark_step_begin()
-    a = g(x)
-    with pytest.raises(RuntimeError, match="never returned by the graphed function"):
-        h(a)  # h's warmup needs the pool restored
+    with pytest.raises(RuntimeError, match=r"kept 1 tensor\(s\) it allocated without returning"):
+        g(x)
     stash.clear()
-    torch.testing.assert_close(h(a), x * 2 + 1)
-    assert_invariants("cpu")
 
 
 def test_non_dense_and_non_contiguous_inputs():
@@ -152,3 +169,34 @@ def test_restore_keeps_live_outputs_and_frees_dead_ones():
     torch.testing.assert_close(a, x + 1)
     torch.testing.assert_close(c, x + 3)
     assert_invariants("cpu")
+
+
+def test_data_dependent_output_shape_raises():
+    def f(x):
+        t = x * 2
+        k = int((x > 0).sum())
+        return t[:k]
+
+    g = cudagraphify(f)
+    a = torch.tensor([1.0, 2.0, 3.0, -1.0, -2.0])
+    for _ in range(3):
+        torch.testing.assert_close(g(a), f(a))
+    with pytest.raises(RuntimeError, match=r"output 0 has shape \[5\] where the recording's had \[3\]"):
+        g(torch.arange(1.0, 6.0))
+
+
+def test_data_dependent_temporary_lifetime_raises():
+    def f(x):
+        a = x * 2
+        keep = a if bool(x[0] > 0) else None  # the lifetime of `a` depends on the data
+        del a
+        b = x.flip(0) + 0
+        return b + (keep if keep is not None else x)
+
+    g = cudagraphify(f)
+    neg = -torch.arange(1.0, 9.0)
+    for _ in range(3):
+        mark_step_begin()
+        torch.testing.assert_close(g(neg), f(neg))
+    with pytest.raises(RuntimeError, match="still alive in this replay"):
+        g(torch.arange(1.0, 9.0))
