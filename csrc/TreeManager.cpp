@@ -162,6 +162,7 @@ void TreeManager::retire(TreeManager* tree, const std::string& why) {
     retiredTrees().push_back(std::move(it->second));
     registry().erase(it);
     retiredCounts()[key]++;
+    g_epoch++;  // function records start afresh (warmup included) in the new tree
   }
   logMessage(LogLevel::kWarning,
              "restoring the pool of the " + key + " tree failed (" + why +
