@@ -321,3 +321,23 @@ def test_training_with_graph_break_chains_forwards_then_backwards(device):
         n = by_id[c]
     assert chain == ["forward", "forward", "backward", "backward"]
     assert all(n["replays"] == 6 for n in nodes)
+
+
+def test_backend_string_works_without_importing_graphtrees():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "m = torch.nn.Linear(4, 4)\n"
+        "c = torch.compile(m, backend='graphtrees')\n"
+        "x = torch.randn(2, 4)\n"
+        "with torch.no_grad():\n"
+        "    for _ in range(3):\n"
+        "        torch.testing.assert_close(c(x), m(x))\n"
+        "import graphtrees\n"
+        "print(graphtrees.tree_info('cpu')['num_replays'])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "1"
