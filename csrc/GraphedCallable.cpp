@@ -66,6 +66,7 @@ GraphedCallable::GraphedCallable(py::object fn, const std::vector<int64_t>& stat
   }
   unsupported_.id = next_function_id++;
   unsupported_.name = name_;
+  unsupported_.callable = callable_state_;
 }
 
 void GraphedCallable::refreshModuleTensors() {
@@ -117,6 +118,7 @@ std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const 
   FunctionRecord& r = sig->record;
   r.id = next_function_id++;
   r.mode = mode_;
+  r.callable = callable_state_;
   r.eager_reason = eager_reason_;
   r.name = signatures_created_ == 0 ? name_ : name_ + "#" + std::to_string(signatures_created_);
   signatures_created_++;

@@ -64,6 +64,7 @@ class GraphedCallable {
   std::string eager_reason_;
   int max_signatures_;
   uint64_t use_counter_ = 0;
+  std::shared_ptr<CallableState> callable_state_ = std::make_shared<CallableState>();
   int64_t signatures_created_ = 0;
   std::unordered_map<std::string, std::shared_ptr<Signature>> signatures_;
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists

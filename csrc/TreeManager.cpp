@@ -21,6 +21,9 @@ namespace {
 // extends the path (an unrolled loop); after this many runs the path restarts instead, so that a
 // feedback loop `h = f(h)` reuses a bounded chain of recordings rather than recording forever.
 constexpr int kMaxRunsPerGeneration = 16;
+// While a backward is pending, how often one callable may run on fresh inputs in one step (e.g.
+// micro-batches before their backward) before a new step is forced.
+constexpr int kMaxPendingRuns = 64;
 
 std::mutex& registryMutex() {
   static std::mutex m;
@@ -212,8 +215,7 @@ void TreeManager::resetFunctionIfStale(FunctionRecord& fn) {
   fn.epoch = e;
   fn.warmups = 0;
   fn.rerecords = 0;
-  fn.last_generation = -1;
-  fn.runs_in_generation = 0;
+  if (fn.callable->epoch != e) *fn.callable = CallableState{e, -1, 0};
 }
 
 bool TreeManager::ownsPoolBlock(const c10::StorageImpl& storage) const {
@@ -221,14 +223,15 @@ bool TreeManager::ownsPoolBlock(const c10::StorageImpl& storage) const {
 }
 
 void TreeManager::trackStorage(const c10::Storage& storage, int64_t slot, TreeNode* node,
-                               const std::string& producer) {
+                               const FunctionRecord& fn) {
   Tracked t;
   t.weak = storage.getWeakStorageImpl();
   t.ptr = reinterpret_cast<uintptr_t>(storage.data());
   t.nbytes = storage.nbytes();
   t.generation = generation_;
   t.node = node;
-  t.producer = producer;
+  t.producer = fn.name;
+  t.migrate = fn.mode == FunctionRecord::Mode::kBackward;
   auto old = live_.find(slot);
   if (old != live_.end()) eraseEntry(old);
   live_.emplace(slot, std::move(t));
@@ -252,9 +255,34 @@ void TreeManager::pruneDead() {
   }
 }
 
+void TreeManager::migrate(const Tracked& entry) {
+  auto strong = entry.weak.lock();
+  const c10::Device device = backend_->device();
+  c10::DataPtr fresh = c10::GetAllocator(device.type())->allocate(entry.nbytes);
+  TensorMeta bytes;
+  bytes.sizes = {static_cast<int64_t>(entry.nbytes)};
+  bytes.strides = {1};
+  bytes.dtype = c10::ScalarType::Byte;
+  bytes.device = device;
+  makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(fresh.get()), entry.nbytes, device), bytes)
+      .copy_(makeTensor(nonOwningStorage(entry.ptr, entry.nbytes, device), bytes));
+  if (ownsPoolBlock(*strong)) {
+    const bool swapped = strong->mutable_data_ptr().compare_exchange_deleter(
+        backend_->poolDeleter(), &c10::detail::deleteNothing);
+    TORCH_INTERNAL_ASSERT(swapped);
+    backend_->freeBlock(reinterpret_cast<void*>(entry.ptr));
+  }
+  strong->set_data_ptr_noswap(std::move(fresh));
+  num_migrations_++;
+}
+
 void TreeManager::invalidate(const Tracked& entry, const std::string& by) {
   auto strong = entry.weak.lock();
   if (!strong || gone(entry)) return;  // dead, or moved out of the pool: nothing to overwrite
+  if (entry.migrate && entry.nbytes > 0) {
+    migrate(entry);  // a gradient someone still holds (e.g. as .grad): keep its value
+    return;
+  }
   if (ownsPoolBlock(*strong)) {
     c10::DataPtr& dp = strong->mutable_data_ptr();
     void* ptr = dp.get();
@@ -279,11 +307,12 @@ bool TreeManager::allGenerationOutputsDead() {
 }
 
 void TreeManager::noteGenerationRun(FunctionRecord& fn) {
-  if (fn.last_generation != generation_) {
-    fn.last_generation = generation_;
-    fn.runs_in_generation = 0;
+  CallableState& c = *fn.callable;
+  if (c.last_generation != generation_) {
+    c.last_generation = generation_;
+    c.runs_in_generation = 0;
   }
-  fn.runs_in_generation++;
+  c.runs_in_generation++;
 }
 
 // Note [Ending a path]
@@ -318,7 +347,7 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
   path_.clear();
   current_ = nullptr;
   state_ = PathState::kNone;
-  pending_backward_ = false;
+  pending_forwards_ = 0;
   generation_++;
   generation_slots_.clear();
 }
@@ -573,9 +602,9 @@ CallResult TreeManager::call(FunctionRecord& fn, const std::vector<at::Tensor>& 
 // into .grad, as it does for any gradient it cannot steal.
 void TreeManager::finishRun(FunctionRecord& fn, const CallResult& result) {
   if (fn.mode == FunctionRecord::Mode::kForward) {
-    pending_backward_ = true;
+    pending_forwards_++;
   } else if (fn.mode == FunctionRecord::Mode::kBackward) {
-    pending_backward_ = false;
+    pending_forwards_ = std::max<int64_t>(0, pending_forwards_ - 1);
     if (result.kind == RunKind::kWarmup) {
       pinned_[-fn.id - 1] = result.outputs;
     } else if (result.kind != RunKind::kEager && current_ != nullptr) {
@@ -607,19 +636,33 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     endPath("every output of the current path is dead", inputs);
   }
   Classified cls = classify(fn, inputs);
-  const bool too_many = fn.runs_in_generation >= kMaxRunsPerGeneration;
-  if (fn.last_generation == generation_ && (!cls.consumes_generation_output || too_many) &&
-      !(pending_backward_ && !too_many)) {
-    if (pending_backward_ && logged_.insert("pending\n" + fn.name).second) {
-      logMessage(LogLevel::kWarning,
-                 "'" + fn.name + "' ran " + std::to_string(fn.runs_in_generation) +
-                     " times in one step while a forward's backward was pending; starting a new "
-                     "step anyway, which frees the pending forward's activations. Call backward() "
-                     "before the next forward, run evaluation under torch.no_grad(), or call "
-                     "graphtrees.mark_step_begin() at the start of each step.");
+  const CallableState& callable = *fn.callable;
+  if (callable.last_generation == generation_) {
+    const bool fresh = !cls.consumes_generation_output;
+    const bool pending = pending_forwards_ > 0;
+    bool new_step = false;
+    if (pending) {
+      // A forward waits for its backward: extend the path (micro-batches, pipelines), up to a
+      // bound for forwards whose backward never comes.
+      if (fresh && callable.runs_in_generation >= kMaxPendingRuns) {
+        new_step = true;
+        if (logged_.insert("pending\n" + fn.name).second) {
+          logMessage(LogLevel::kWarning,
+                     "'" + fn.name + "' ran " + std::to_string(callable.runs_in_generation) +
+                         " times in one step while a forward's backward was pending; starting a "
+                         "new step anyway, which frees the pending forwards' activations. Call "
+                         "backward() before running forwards that many times, run evaluation "
+                         "under torch.no_grad(), or call graphtrees.mark_step_begin() at the "
+                         "start of each step.");
+        }
+      }
+    } else {
+      new_step = fresh || callable.runs_in_generation >= kMaxRunsPerGeneration;
     }
-    endPath("'" + fn.name + "' was called again", inputs);
-    cls = classify(fn, inputs);
+    if (new_step) {
+      endPath("'" + fn.name + "' was called again", inputs);
+      cls = classify(fn, inputs);
+    }
   }
   if (state_ == PathState::kWarmup || fn.warmups < fn.warmup_iters) {
     return warmup(fn, inputs, run);
@@ -703,13 +746,15 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
     logMessage(LogLevel::kInfo, "evicted node " + std::to_string(id) + " ('" + name + "'): " + why);
   }
   root_functions_.erase(function_id);
+  pinned_.erase(-function_id - 1);
   num_evictions_++;
   return true;
 }
 
 void TreeManager::noteFallback(FunctionRecord& fn, const std::string& reason) {
   num_fallbacks_++;
-  if (logged_.insert(std::to_string(fn.id) + "\n" + reason).second) {
+  // Once per callable and reason (its signatures share the base name before '#').
+  if (logged_.insert(fn.name.substr(0, fn.name.find('#')) + "\n" + reason).second) {
     logMessage(LogLevel::kWarning, "running '" + fn.name + "' eagerly: " + reason);
   }
 }
@@ -766,7 +811,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
     if (input_storages.count(impl) || slot_of_.count(impl) || impl->nbytes() == 0) continue;
     if (!backend_->inPool(impl->data())) continue;
-    trackStorage(t.storage(), next_slot_id_++, nullptr, fn.name);
+    trackStorage(t.storage(), next_slot_id_++, nullptr, fn);
   }
   fn.warmups++;
   num_warmups_++;
@@ -909,7 +954,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   num_nodes_++;
   if (current_ == nullptr) root_functions_.insert(fn.id);
   for (size_t k = 0; k < raw->slots_.size(); ++k) {
-    trackStorage(slot_storages[k], raw->slots_[k].id, raw, fn.name);
+    trackStorage(slot_storages[k], raw->slots_[k].id, raw, fn);
   }
   backend_->synchronize();
   raw->checkpoint_ = backend_->checkpoint();
@@ -974,7 +1019,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   storages.reserve(node.slots_.size());
   for (const auto& s : node.slots_) {
     storages.push_back(nonOwningStorage(s.ptr, s.nbytes, device));
-    trackStorage(storages.back(), s.id, &node, fn.name);
+    trackStorage(storages.back(), s.id, &node, fn);
   }
   path_.push_back(&node);
   current_ = &node;
@@ -1021,12 +1066,13 @@ TreeInfo TreeManager::info() {
   t.num_replays = num_replays_;
   t.num_invalidations = num_invalidations_;
   t.num_evictions = num_evictions_;
+  t.num_migrations = num_migrations_;
   {
     std::lock_guard<std::mutex> lock(registryMutex());
     auto it = retiredCounts().find(t.device);
     t.retired_trees = it == retiredCounts().end() ? 0 : it->second;
   }
-  t.pending_backward = pending_backward_;
+  t.pending_backward = pending_forwards_ > 0;
   t.live_outputs = static_cast<int64_t>(live_.size());
   t.current_node = current_ ? current_->id() : -1;
   t.pool = backend_->stats();

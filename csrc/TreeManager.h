@@ -23,6 +23,13 @@
 
 namespace graphtrees {
 
+// Per wrapped callable (all its signatures): when it last ran, for Note [Ending a path].
+struct CallableState {
+  uint64_t epoch = 0;
+  int64_t last_generation = -1;
+  int runs_in_generation = 0;
+};
+
 // One function of the tree: a wrapped callable with one call signature. Owned by the wrapper;
 // the tree refers to it by id only, so a wrapper may die while its recordings stay in the tree.
 struct FunctionRecord {
@@ -43,8 +50,9 @@ struct FunctionRecord {
   uint64_t epoch = 0;
   int warmups = 0;
   int rerecords = 0;
-  int64_t last_generation = -1;
-  int runs_in_generation = 0;
+  // Shared by every signature of one wrapped callable (a new shape of a compiled graph is still a
+  // call of that graph); never null once the record is used.
+  std::shared_ptr<CallableState> callable = std::make_shared<CallableState>();
 };
 
 enum class RunKind { kEager, kWarmup, kRecord, kReplay };
@@ -91,6 +99,7 @@ struct TreeInfo {
   int64_t num_replays = 0;
   int64_t num_invalidations = 0;
   int64_t num_evictions = 0;
+  int64_t num_migrations = 0;  // gradients copied out of the pool instead of invalidated
   int64_t retired_trees = 0;  // trees of this device retired after a failed restore
   bool pending_backward = false;
   int64_t live_outputs = 0;
@@ -161,6 +170,7 @@ class TreeManager {
     int64_t generation = 0;
     TreeNode* node = nullptr;  // nullptr for warmup outputs
     std::string producer;      // function name, for error messages
+    bool migrate = false;      // a gradient: copied out of the pool instead of invalidated
   };
   enum class PathState { kNone, kWarmup, kRecording, kExecution };
 
@@ -188,8 +198,11 @@ class TreeManager {
   // the pool (resize_(), share_memory_()), in which case its data is its own now.
   static bool gone(const Tracked& entry);
   LiveMap::iterator eraseEntry(LiveMap::iterator it);
-  void trackStorage(const c10::Storage& storage, int64_t slot,
-                    TreeNode* node, const std::string& producer);
+  void trackStorage(const c10::Storage& storage, int64_t slot, TreeNode* node,
+                    const FunctionRecord& fn);
+  // Gives a live storage fresh memory outside the pool with its current contents (Note
+  // [Pinned gradients]).
+  void migrate(const Tracked& entry);
   bool ownsPoolBlock(const c10::StorageImpl& storage) const;
   bool deadBeforeHolds(const TreeNode& node);
   void pruneDead();
@@ -223,7 +236,7 @@ class TreeManager {
   std::unordered_set<int64_t> root_functions_;
   std::unordered_set<std::string> logged_;
   // A forward ran and its backward has not run yet: no new generation starts on its own.
-  bool pending_backward_ = false;
+  int64_t pending_forwards_ = 0;
   // Outputs of backward functions, held until the node runs again or the step ends, so that
   // autograd copies gradients into .grad instead of stealing pool memory (see Note [Pinned
   // gradients]).
@@ -237,6 +250,7 @@ class TreeManager {
   int64_t num_replays_ = 0;
   int64_t num_invalidations_ = 0;
   int64_t num_evictions_ = 0;
+  int64_t num_migrations_ = 0;
   int64_t num_nodes_ = 0;
 };
 

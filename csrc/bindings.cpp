@@ -48,6 +48,7 @@ py::dict treeInfo(const py::handle& device_obj) {
   d["num_replays"] = t.num_replays;
   d["num_invalidations"] = t.num_invalidations;
   d["num_evictions"] = t.num_evictions;
+  d["num_migrations"] = t.num_migrations;
   d["retired_trees"] = t.retired_trees;
   d["pending_backward"] = t.pending_backward;
   d["live_outputs"] = t.live_outputs;

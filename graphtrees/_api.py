@@ -113,7 +113,8 @@ def tree_info(device: DeviceLike = "cpu") -> Dict[str, Any]:
 
     Keys: device, backend, state, generation, num_nodes, num_roots, num_checkpoints (pool
     restores), num_rerecords, num_fallbacks, num_warmups, num_recordings, num_replays,
-    num_invalidations, num_evictions, pending_backward, live_outputs, current_node, pool (reserved_bytes, allocated_bytes,
+    num_invalidations, num_evictions, num_migrations, retired_trees, pending_backward,
+    live_outputs, current_node, pool (reserved_bytes, allocated_bytes,
     segments, blocks, allocated_blocks) and nodes (id, parent, function, function_id, children,
     pool_bytes, num_outputs, input_kinds -- one letter per flat input: S static, M managed,
     C copied --, live_outputs, replays, on_current_path). A device without a tree

@@ -293,7 +293,10 @@ def make_backend(**options) -> Callable:
                 forward_static_aliases[:] = _static_aliases(aot_gm, static)
             return _wrap(opts, compiled, aot_gm, static, mode, f"{graph}.{mode_name(mode)}")
 
-        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+        # AOTAutograd's cache could hand back a plain Inductor compilation of the same graph
+        # without calling inner_compile, and nothing would be recorded: bypass it.
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(gm, example_inputs, inner_compile=inner_compile)
 
     return graphtrees_backend
 
