@@ -40,8 +40,8 @@ std::unique_ptr<Backend> makeBackend(c10::Device device, std::string* why_not) {
       return nullptr;
 #endif
     default:
-      *why_not = "graphtrees has no backend for device type '" + c10::DeviceTypeName(device.type()) +
-                 "'";
+      *why_not =
+          "graphtrees has no backend for device type '" + c10::DeviceTypeName(device.type()) + "'";
       return nullptr;
   }
 }

@@ -12,8 +12,8 @@
 //   - capture() runs a function once with allocations routed into the pool and returns a Graph
 //     that can replay it at the recorded addresses without consulting the allocator;
 //   - checkpoint()/restore() follow getCheckpointState/setCheckpointPoolState: after a restore the
-//     pool's bookkeeping equals the checkpoint exactly; blocks that were allocated in the checkpoint
-//     come back as owning DataPtrs, everything else in the pool is free.
+//     pool's bookkeeping equals the checkpoint exactly; blocks that were allocated in the
+//     checkpoint come back as owning DataPtrs, everything else in the pool is free.
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
@@ -42,7 +42,7 @@ struct PoolStats {
   int64_t reserved_bytes = 0;   // bytes of segments owned by the pool
   int64_t allocated_bytes = 0;  // bytes of blocks currently allocated in the pool
   int64_t segments = 0;
-  int64_t blocks = 0;            // all blocks, free and allocated
+  int64_t blocks = 0;  // all blocks, free and allocated
   int64_t allocated_blocks = 0;
 };
 
@@ -53,8 +53,9 @@ struct Checkpoint {
 
 // What a restore changed (c10's CheckpointDelta).
 struct RestoreResult {
-  std::vector<void*> ptrs_freed;            // blocks that were allocated before the restore
-  std::vector<c10::DataPtr> dataptrs_allocd;  // owning pointers to the checkpoint's allocated blocks
+  std::vector<void*> ptrs_freed;  // blocks that were allocated before the restore
+  std::vector<c10::DataPtr>
+      dataptrs_allocd;  // owning pointers to the checkpoint's allocated blocks
 };
 
 using RunFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;

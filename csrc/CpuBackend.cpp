@@ -92,9 +92,8 @@ c10::DataPtr replayAllocate(RouteState* st, size_t nbytes) {
                        std::to_string(nbytes) + " bytes) but the recording made only " +
                        std::to_string(rec.size());
     } else if (rec[i].nbytes != nbytes) {
-      st->divergence = "allocation #" + std::to_string(i) + " asked for " +
-                       std::to_string(nbytes) + " bytes where the recording asked for " +
-                       std::to_string(rec[i].nbytes);
+      st->divergence = "allocation #" + std::to_string(i) + " asked for " + std::to_string(nbytes) +
+                       " bytes where the recording asked for " + std::to_string(rec[i].nbytes);
     } else {
       const uintptr_t begin = rec[i].ptr;
       const uintptr_t end = begin + nbytes;
@@ -183,8 +182,7 @@ OutputLayout layoutOf(const at::Tensor& t) {
 
 class CpuGraph final : public Graph {
  public:
-  CpuGraph(std::vector<Allocation> allocations, std::vector<OutputLayout> outputs,
-           std::string name)
+  CpuGraph(std::vector<Allocation> allocations, std::vector<OutputLayout> outputs, std::string name)
       : allocations_(std::move(allocations)),
         footprint_(footprintOf(allocations_)),
         outputs_(std::move(outputs)),
@@ -216,14 +214,17 @@ class CpuGraph final : public Graph {
                         " came back at another address (the order of its allocations changed)";
       } else if (now.sizes != then.sizes || now.strides != then.strides ||
                  now.storage_offset != then.storage_offset) {
-        st.divergence = "output " + std::to_string(i) + " has shape " + c10::str(c10::IntArrayRef(now.sizes)) +
-                        " where the recording's had " + c10::str(c10::IntArrayRef(then.sizes)) +
+        st.divergence = "output " + std::to_string(i) + " has shape " +
+                        c10::str(c10::IntArrayRef(now.sizes)) + " where the recording's had " +
+                        c10::str(c10::IntArrayRef(then.sizes)) +
                         " (its shape or layout depends on the input values)";
       }
     }
     if (st.divergence.empty() && outputs.size() != outputs_.size()) {
-      st.divergence = "it returned " + std::to_string(outputs.size()) + " tensors where the "
-                      "recording returned " + std::to_string(outputs_.size());
+      st.divergence = "it returned " + std::to_string(outputs.size()) +
+                      " tensors where the "
+                      "recording returned " +
+                      std::to_string(outputs_.size());
     }
     TORCH_CHECK(st.divergence.empty(), "graphtrees: the replay of '", name_,
                 "' diverged from its recording: ", st.divergence,
@@ -257,9 +258,13 @@ class CpuGraph final : public Graph {
 
 }  // namespace
 
-CpuBackend::CpuBackend() : pool_(CpuPool::create()) { installRouter(); }
+CpuBackend::CpuBackend() : pool_(CpuPool::create()) {
+  installRouter();
+}
 
-CpuBackend::~CpuBackend() { releasePool(); }
+CpuBackend::~CpuBackend() {
+  releasePool();
+}
 
 void CpuBackend::releasePool() {
   if (pool_ != nullptr) {
@@ -313,24 +318,36 @@ void CpuBackend::copyInputs(const std::vector<at::Tensor>& dst,
   for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
 }
 
-std::shared_ptr<Checkpoint> CpuBackend::checkpoint() { return pool_->checkpoint(); }
+std::shared_ptr<Checkpoint> CpuBackend::checkpoint() {
+  return pool_->checkpoint();
+}
 
 RestoreResult CpuBackend::restore(const Checkpoint& checkpoint) {
   return pool_->restore(checkpoint);
 }
 
-void CpuBackend::freeBlock(void* ptr) { pool_->free(ptr); }
+void CpuBackend::freeBlock(void* ptr) {
+  pool_->free(ptr);
+}
 
-c10::DeleterFnPtr CpuBackend::poolDeleter() const { return &CpuPool::deleteBlock; }
+c10::DeleterFnPtr CpuBackend::poolDeleter() const {
+  return &CpuPool::deleteBlock;
+}
 
-bool CpuBackend::inPool(const void* ptr) const { return pool_ != nullptr && pool_->contains(ptr); }
+bool CpuBackend::inPool(const void* ptr) const {
+  return pool_ != nullptr && pool_->contains(ptr);
+}
 
 bool CpuBackend::checkLiveAllocations(const std::unordered_set<void*>& expected) {
   return pool_->checkLiveAllocations(expected);
 }
 
-std::vector<void*> CpuBackend::allocatedBlocks() { return pool_->allocatedBlocks(); }
+std::vector<void*> CpuBackend::allocatedBlocks() {
+  return pool_->allocatedBlocks();
+}
 
-PoolStats CpuBackend::stats() { return pool_ != nullptr ? pool_->stats() : PoolStats{}; }
+PoolStats CpuBackend::stats() {
+  return pool_ != nullptr ? pool_->stats() : PoolStats{};
+}
 
 }  // namespace graphtrees

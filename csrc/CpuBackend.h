@@ -10,8 +10,9 @@
 //   - capture mode: the same, and each allocation's size and address is recorded in order;
 //   - replay mode: the n-th allocation is answered with the n-th recorded address, without
 //     touching the pool, and frees do nothing -- just as a CUDA graph replay writes its recorded
-//     addresses with no allocator accounting. A size that differs from the recording (data-dependent
-//     control flow or shapes) is an error that names the function and the allocation.
+//     addresses with no allocator accounting. A size that differs from the recording
+//     (data-dependent control flow or shapes) is an error that names the function and the
+//     allocation.
 // Capture runs the callable once; replay re-runs it in replay mode, so its outputs land exactly
 // where the recording's did.
 

@@ -53,7 +53,9 @@ CpuPool* CpuPool::create() {
   return new CpuPool(next_pool_id++);
 }
 
-CpuPool::CpuPool(int64_t id) : id_(id) { livePools()[this] = true; }
+CpuPool::CpuPool(int64_t id) : id_(id) {
+  livePools()[this] = true;
+}
 
 CpuPool::~CpuPool() {
   livePools().erase(this);

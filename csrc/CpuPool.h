@@ -99,7 +99,7 @@ class CpuPool {
   int64_t id_;
   bool released_ = false;
   std::map<uintptr_t, std::unique_ptr<Segment>> segments_;  // by base address
-  std::map<uintptr_t, Block*> allocated_;                    // allocated blocks by address
+  std::map<uintptr_t, Block*> allocated_;                   // allocated blocks by address
   std::set<Block*, BlockLess> small_free_;
   std::set<Block*, BlockLess> large_free_;
   int64_t allocated_bytes_ = 0;

@@ -59,8 +59,10 @@ GraphedCallable::GraphedCallable(py::object fn, const std::vector<int64_t>& stat
   TORCH_CHECK_VALUE(rerecord_limit >= 0,
                     "graphtrees.cudagraphify: rerecord_limit must be >= 0, got ", rerecord_limit);
   for (int64_t i : static_argnums) {
-    TORCH_CHECK_VALUE(i >= 0, "graphtrees.cudagraphify: static_argnums must be non-negative "
-                              "positions of positional arguments, got ", i);
+    TORCH_CHECK_VALUE(i >= 0,
+                      "graphtrees.cudagraphify: static_argnums must be non-negative "
+                      "positions of positional arguments, got ",
+                      i);
     if (static_cast<size_t>(i) >= static_args_.size()) static_args_.resize(i + 1, 0);
     static_args_[i] = 1;
   }
@@ -92,8 +94,8 @@ void GraphedCallable::evictLeastRecentlyUsed() {
       evicted = tree->evictFunction(
           victim.record.id, "'" + victim.record.name + "' is the least recently used of " +
                                 std::to_string(signatures_.size()) + " recorded signatures of '" +
-                                name_ + "' (max_recorded_shapes=" +
-                                std::to_string(max_signatures_) + ")");
+                                name_ +
+                                "' (max_recorded_shapes=" + std::to_string(max_signatures_) + ")");
     }
     if (evicted) {
       signatures_.erase(candidate.second);
@@ -103,7 +105,7 @@ void GraphedCallable::evictLeastRecentlyUsed() {
 }
 
 std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const FlatArgs& flat,
-                                                                         c10::Device device) {
+                                                                          c10::Device device) {
   auto it = signatures_.find(flat.key);
   if (it != signatures_.end()) {
     it->second->last_used = ++use_counter_;
@@ -167,7 +169,8 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
       flat.is_static.push_back(1);
     }
   }
-  if (!flat.unsupported.empty()) return fallback(args, kwargs, flat, "it was called with " + flat.unsupported);
+  if (!flat.unsupported.empty())
+    return fallback(args, kwargs, flat, "it was called with " + flat.unsupported);
   if (flat.tensors.empty()) {
     return fallback(args, kwargs, flat, "it has no tensor arguments to tell its device");
   }
@@ -204,12 +207,11 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
     if (!sig.spec) {
       sig.spec = std::make_unique<OutputSpec>(std::move(spec));
     } else if (sig.record.eager_reason.empty() && !sig.spec->sameAs(spec)) {
-      sig.record.eager_reason =
-          "its non-tensor results change between calls (first " + sig.spec->describe() +
-          ", now " + spec.describe() + ")";
+      sig.record.eager_reason = "its non-tensor results change between calls (first " +
+                                sig.spec->describe() + ", now " + spec.describe() + ")";
       throw std::runtime_error(
-          "graphtrees: '" + fname + "' returned " + spec.describe() + " where an earlier call returned " +
-          sig.spec->describe() +
+          "graphtrees: '" + fname + "' returned " + spec.describe() +
+          " where an earlier call returned " + sig.spec->describe() +
           ". A recorded graph returns the non-tensor values it saw when it was recorded, so "
           "results whose structure or Python values change between calls cannot be graphed; "
           "return such values as tensors. This function runs eagerly from now on.");

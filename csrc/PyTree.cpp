@@ -16,10 +16,13 @@ void appendRaw(std::string* key, const T& v) {
   key->append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
-std::string typeName(PyObject* obj) { return Py_TYPE(obj)->tp_name; }
+std::string typeName(PyObject* obj) {
+  return Py_TYPE(obj)->tp_name;
+}
 
 bool isNamedTuple(PyObject* obj) {
-  return PyTuple_Check(obj) && PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(obj)), "_fields");
+  return PyTuple_Check(obj) &&
+         PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(obj)), "_fields");
 }
 
 void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
@@ -84,12 +87,14 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     key->push_back(PyTuple_CheckExact(obj) ? '(' : 'n');
     if (!PyTuple_CheckExact(obj)) appendRaw(key, reinterpret_cast<uintptr_t>(Py_TYPE(obj)));
     appendRaw(key, static_cast<uint32_t>(n));
-    for (Py_ssize_t i = 0; i < n; ++i) flattenArg(PyTuple_GET_ITEM(obj, i), is_static, depth + 1, out);
+    for (Py_ssize_t i = 0; i < n; ++i)
+      flattenArg(PyTuple_GET_ITEM(obj, i), is_static, depth + 1, out);
   } else if (PyList_CheckExact(obj)) {
     const Py_ssize_t n = PyList_GET_SIZE(obj);
     key->push_back('[');
     appendRaw(key, static_cast<uint32_t>(n));
-    for (Py_ssize_t i = 0; i < n; ++i) flattenArg(PyList_GET_ITEM(obj, i), is_static, depth + 1, out);
+    for (Py_ssize_t i = 0; i < n; ++i)
+      flattenArg(PyList_GET_ITEM(obj, i), is_static, depth + 1, out);
   } else if (PyDict_CheckExact(obj)) {
     key->push_back('{');
     appendRaw(key, static_cast<uint32_t>(PyDict_GET_SIZE(obj)));
@@ -230,10 +235,12 @@ void OutputSpec::flattenInto(py::handle obj, std::vector<at::Tensor>* tensors,
     if (PyTuple_CheckExact(o)) {
       entries_.push_back({Kind::kTuple, n, py::object()});
     } else {
-      entries_.push_back({Kind::kNamedTuple, n,
-                          py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(o)))});
+      entries_.push_back(
+          {Kind::kNamedTuple, n,
+           py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(o)))});
     }
-    for (Py_ssize_t i = 0; i < n; ++i) flattenInto(PyTuple_GET_ITEM(o, i), tensors, name, depth + 1);
+    for (Py_ssize_t i = 0; i < n; ++i)
+      flattenInto(PyTuple_GET_ITEM(o, i), tensors, name, depth + 1);
     return;
   }
   if (PyList_CheckExact(o)) {
@@ -326,7 +333,8 @@ std::string OutputSpec::describe() const {
         s += "tuple[" + std::to_string(e.count) + "] ";
         break;
       case Kind::kNamedTuple:
-        s += py::str(e.value.attr("__name__")).cast<std::string>() + "[" + std::to_string(e.count) + "] ";
+        s += py::str(e.value.attr("__name__")).cast<std::string>() + "[" + std::to_string(e.count) +
+             "] ";
         break;
       case Kind::kList:
         s += "list[" + std::to_string(e.count) + "] ";

@@ -60,7 +60,9 @@ class CallDepthGuard {
 
 class PoolRoutingGuard {
  public:
-  explicit PoolRoutingGuard(Backend& backend) : backend_(backend) { backend_.beginAllocateToPool(); }
+  explicit PoolRoutingGuard(Backend& backend) : backend_(backend) {
+    backend_.beginAllocateToPool();
+  }
   ~PoolRoutingGuard() { backend_.endAllocateToPool(); }
 
  private:
@@ -173,17 +175,29 @@ void TreeManager::retire(TreeManager* tree, const std::string& why) {
                  "outputs stay valid until graphtrees.reset().");
 }
 
-void TreeManager::failNextRestores(int n) { g_fail_restores = n; }
+void TreeManager::failNextRestores(int n) {
+  g_fail_restores = n;
+}
 
-void TreeManager::markStepBegin() { g_step++; }
+void TreeManager::markStepBegin() {
+  g_step++;
+}
 
-uint64_t TreeManager::epoch() { return g_epoch.load(); }
+uint64_t TreeManager::epoch() {
+  return g_epoch.load();
+}
 
-bool TreeManager::inCall() { return tls_call_depth > 0; }
+bool TreeManager::inCall() {
+  return tls_call_depth > 0;
+}
 
-void TreeManager::setCollectGarbageHook(std::function<void()> hook) { gcHook() = std::move(hook); }
+void TreeManager::setCollectGarbageHook(std::function<void()> hook) {
+  gcHook() = std::move(hook);
+}
 
-void TreeManager::setDebugChecks(bool on) { g_debug_checks = on; }
+void TreeManager::setDebugChecks(bool on) {
+  g_debug_checks = on;
+}
 
 TreeManager::TreeManager(std::unique_ptr<Backend> backend)
     : backend_(std::move(backend)), root_(-1, nullptr), seen_step_(g_step.load()) {}
@@ -264,7 +278,8 @@ void TreeManager::migrate(const Tracked& entry) {
   bytes.strides = {1};
   bytes.dtype = c10::ScalarType::Byte;
   bytes.device = device;
-  makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(fresh.get()), entry.nbytes, device), bytes)
+  makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(fresh.get()), entry.nbytes, device),
+             bytes)
       .copy_(makeTensor(nonOwningStorage(entry.ptr, entry.nbytes, device), bytes));
   if (ownsPoolBlock(*strong)) {
     const bool swapped = strong->mutable_data_ptr().compare_exchange_deleter(
@@ -409,7 +424,8 @@ void TreeManager::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
 //      when the tensor dies;
 //   4. blocks whose tensors died since are freed (their DataPtrs are simply dropped), and live
 //      outputs that the checkpoint does not protect are invalidated: the new run may reuse them.
-// Only the allocator's bookkeeping is reset, never memory contents, so live outputs keep their data.
+// Only the allocator's bookkeeping is reset, never memory contents, so live outputs keep their
+// data.
 void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs,
                                     const std::vector<uint8_t>& is_static) {
   if (g_fail_restores.load() > 0) {
@@ -566,7 +582,8 @@ TreeNode* TreeManager::findChild(const FunctionRecord& fn, const Classified& cls
           k += 1;
         } else if (then == InputKind::kManaged) {
           if (c->key_ptrs_[k + 1] != cls.key_ptrs[k + 1]) {
-            *mismatch = "input " + std::to_string(i) + " (an output of an earlier call) changed address";
+            *mismatch =
+                "input " + std::to_string(i) + " (an output of an earlier call) changed address";
           }
           k += 2;
         }
@@ -688,11 +705,11 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
                         "), last because " + mismatch;
       return runEager(fn, inputs, run, fn.eager_reason);
     }
-    logMessage(LogLevel::kInfo, "re-recording '" + fn.name + "' under " +
-                                    (current_ ? "node " + std::to_string(current_->id()) : "the root") +
-                                    " because " + mismatch + " (re-record " +
-                                    std::to_string(fn.rerecords + 1) + " of at most " +
-                                    std::to_string(fn.rerecord_limit) + ")");
+    logMessage(LogLevel::kInfo,
+               "re-recording '" + fn.name + "' under " +
+                   (current_ ? "node " + std::to_string(current_->id()) : "the root") +
+                   " because " + mismatch + " (re-record " + std::to_string(fn.rerecords + 1) +
+                   " of at most " + std::to_string(fn.rerecord_limit) + ")");
   }
   CallResult result = record(fn, inputs, run, cls);
   if (rerecord && result.kind == RunKind::kRecord) {  // counted once it succeeded
@@ -939,10 +956,10 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   // recording is done (unless an output keeps them), and a replay copies into the same address.
   for (int64_t i : copied) {
     const auto& ph = run_inputs[i];
-    node->placeholders_.push_back(makeTensor(
-        nonOwningStorage(reinterpret_cast<uintptr_t>(ph.storage().data()), ph.storage().nbytes(),
-                         device),
-        metaOf(ph)));
+    node->placeholders_.push_back(
+        makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(ph.storage().data()),
+                                    ph.storage().nbytes(), device),
+                   metaOf(ph)));
   }
   node->graph_ = std::move(graph);
   outs.clear();
@@ -991,7 +1008,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
     const auto begin = reinterpret_cast<uintptr_t>(src.storage().data());
     // A source inside memory this replay writes must be read before anything is written.
     sources.push_back(node.overlapsFootprint(begin, begin + src.storage().nbytes()) ? src.clone()
-                                                                                  : src);
+                                                                                    : src);
   }
   pinned_.erase(node.id());
   // Outputs of earlier runs that live in memory this replay writes are overwritten now.
@@ -1157,8 +1174,10 @@ bool TreeManager::checkPoolInvariants(std::string* why) {
     int64_t extra = 0;
     for (void* p : blocks) extra += owning.count(p) ? 0 : 1;
     *why = "the pool has " + std::to_string(blocks.size()) + " allocated blocks, " +
-           std::to_string(extra) + " of them not owned by a tracked live output; tracked owning "
-           "outputs: " + std::to_string(owning.size());
+           std::to_string(extra) +
+           " of them not owned by a tracked live output; tracked owning "
+           "outputs: " +
+           std::to_string(owning.size());
     return false;
   }
   if (!dirty_ && non_owning > 0) {

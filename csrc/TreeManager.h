@@ -100,7 +100,7 @@ struct TreeInfo {
   int64_t num_invalidations = 0;
   int64_t num_evictions = 0;
   int64_t num_migrations = 0;  // gradients copied out of the pool instead of invalidated
-  int64_t retired_trees = 0;  // trees of this device retired after a failed restore
+  int64_t retired_trees = 0;   // trees of this device retired after a failed restore
   bool pending_backward = false;
   int64_t live_outputs = 0;
   int64_t current_node = -1;

@@ -34,9 +34,10 @@ void TreeNode::removeChild(TreeNode* child) {
     v.erase(std::remove(v.begin(), v.end(), child), v.end());
     if (v.empty()) children_.erase(it);
   }
-  owned_.erase(std::remove_if(owned_.begin(), owned_.end(),
-                              [child](const std::unique_ptr<TreeNode>& p) { return p.get() == child; }),
-               owned_.end());
+  owned_.erase(
+      std::remove_if(owned_.begin(), owned_.end(),
+                     [child](const std::unique_ptr<TreeNode>& p) { return p.get() == child; }),
+      owned_.end());
 }
 
 int64_t TreeNode::countChildrenOf(int64_t function_id) const {
@@ -89,7 +90,8 @@ std::vector<at::Tensor> TreeNode::buildOutputs(const std::vector<c10::Storage>& 
       case OutputKind::kInputAlias: {
         const at::Tensor& in = inputs[o.index];
         const int64_t item = static_cast<int64_t>(c10::elementSize(o.meta.dtype));
-        const int64_t bytes = in.storage_offset() * static_cast<int64_t>(in.itemsize()) + o.byte_delta;
+        const int64_t bytes =
+            in.storage_offset() * static_cast<int64_t>(in.itemsize()) + o.byte_delta;
         TORCH_INTERNAL_ASSERT(bytes >= 0 && bytes % item == 0);
         TensorMeta meta = o.meta;
         meta.storage_offset = bytes / item;

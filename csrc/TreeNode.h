@@ -96,14 +96,14 @@ class TreeNode {
   std::string function_name_;
   std::unique_ptr<Graph> graph_;
   std::vector<InputKind> input_kinds_;
-  std::vector<int64_t> copied_inputs_;      // flat indices of copied inputs
-  std::vector<at::Tensor> placeholders_;    // non-owning views, parallel to copied_inputs_
+  std::vector<int64_t> copied_inputs_;    // flat indices of copied inputs
+  std::vector<at::Tensor> placeholders_;  // non-owning views, parallel to copied_inputs_
   std::vector<uintptr_t> key_ptrs_;
   uint64_t key_hash_ = 0;
   std::vector<OutputInfo> outputs_;
   std::vector<Slot> slots_;
-  std::vector<c10::Storage> constants_;     // storages of kConstant outputs
-  std::vector<Interval> footprint_;         // sorted, merged
+  std::vector<c10::Storage> constants_;  // storages of kConstant outputs
+  std::vector<Interval> footprint_;      // sorted, merged
   std::shared_ptr<Checkpoint> checkpoint_;
   std::vector<int64_t> checkpoint_live_slots_;  // sorted slot ids live when checkpointed
   std::vector<int64_t> dead_before_;            // ancestor slots that were dead at recording

@@ -52,7 +52,8 @@ py::dict treeInfo(const py::handle& device_obj) {
   d["retired_trees"] = t.retired_trees;
   d["pending_backward"] = t.pending_backward;
   d["live_outputs"] = t.live_outputs;
-  d["current_node"] = t.current_node >= 0 ? py::object(py::int_(t.current_node)) : py::object(py::none());
+  d["current_node"] =
+      t.current_node >= 0 ? py::object(py::int_(t.current_node)) : py::object(py::none());
   d["pool"] = poolDict(t.pool);
   py::list nodes;
   for (const auto& n : t.nodes) {
@@ -82,7 +83,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "graphtrees C++ core: tree manager, backends and the graphed-callable wrapper";
 
   py::class_<GraphedCallable, std::shared_ptr<GraphedCallable>>(m, "GraphedCallable",
-                                                               py::dynamic_attr())
+                                                                py::dynamic_attr())
       .def(py::init<py::object, const std::vector<int64_t>&, int, int, py::object, std::string, int,
                     std::string, int>(),
            py::arg("fn"), py::arg("static_argnums"), py::arg("warmup_iters"),

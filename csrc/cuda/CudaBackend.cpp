@@ -86,7 +86,7 @@ void CudaBackend::synchronize() {
 
 void CudaBackend::beginAllocateToPool() {
   c10::cuda::CUDAGuard guard(device_.index());
-  c10::cuda::device_synchronize();  // the tree's stream starts after the caller's work
+  c10::cuda::device_synchronize();    // the tree's stream starts after the caller's work
   at::cuda::clearCublasWorkspaces();  // so that a workspace is not created inside the pool
   const auto tid = std::this_thread::get_id();
   CCA::beginAllocateToPool(device_.index(), pool_,
@@ -184,9 +184,13 @@ RestoreResult CudaBackend::restore(const Checkpoint& checkpoint) {
   return r;
 }
 
-void CudaBackend::freeBlock(void* ptr) { CCA::raw_delete(ptr); }
+void CudaBackend::freeBlock(void* ptr) {
+  CCA::raw_delete(ptr);
+}
 
-c10::DeleterFnPtr CudaBackend::poolDeleter() const { return CCA::get()->raw_deleter(); }
+c10::DeleterFnPtr CudaBackend::poolDeleter() const {
+  return CCA::get()->raw_deleter();
+}
 
 bool CudaBackend::inPool(const void* ptr) const {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
