@@ -236,6 +236,14 @@ bool TreeManager::ownsPoolBlock(const c10::StorageImpl& storage) const {
   return storage.data_ptr().get_deleter() == backend_->poolDeleter();
 }
 
+bool TreeManager::disown(c10::StorageImpl& storage) const {
+  if (!ownsPoolBlock(storage)) return false;
+  const bool swapped = storage.mutable_data_ptr().compare_exchange_deleter(
+      backend_->poolDeleter(), &c10::detail::deleteNothing);
+  TORCH_INTERNAL_ASSERT(swapped, "expected the pool's deleter");
+  return true;
+}
+
 void TreeManager::trackStorage(const c10::Storage& storage, int64_t slot, TreeNode* node,
                                const FunctionRecord& fn) {
   Tracked t;
@@ -281,12 +289,7 @@ void TreeManager::migrate(const Tracked& entry) {
   makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(fresh.get()), entry.nbytes, device),
              bytes)
       .copy_(makeTensor(nonOwningStorage(entry.ptr, entry.nbytes, device), bytes));
-  if (ownsPoolBlock(*strong)) {
-    const bool swapped = strong->mutable_data_ptr().compare_exchange_deleter(
-        backend_->poolDeleter(), &c10::detail::deleteNothing);
-    TORCH_INTERNAL_ASSERT(swapped);
-    backend_->freeBlock(reinterpret_cast<void*>(entry.ptr));
-  }
+  if (disown(*strong)) backend_->freeBlock(reinterpret_cast<void*>(entry.ptr));
   strong->set_data_ptr_noswap(std::move(fresh));
   num_migrations_++;
 }
@@ -298,14 +301,7 @@ void TreeManager::invalidate(const Tracked& entry, const std::string& by) {
     migrate(entry);  // a gradient someone still holds (e.g. as .grad): keep its value
     return;
   }
-  if (ownsPoolBlock(*strong)) {
-    c10::DataPtr& dp = strong->mutable_data_ptr();
-    void* ptr = dp.get();
-    const bool swapped =
-        dp.compare_exchange_deleter(backend_->poolDeleter(), &c10::detail::deleteNothing);
-    TORCH_INTERNAL_ASSERT(swapped, "expected the pool's deleter");
-    backend_->freeBlock(ptr);
-  }
+  if (disown(*strong)) backend_->freeBlock(reinterpret_cast<void*>(entry.ptr));
   strong->release_data_and_set_meta_custom_data_ptr_error_msg_(
       overwriteMessage(entry.producer, by));
   num_invalidations_++;
@@ -467,12 +463,7 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
   }
   cloneInputsAtRisk(inputs, is_static, at_risk);
   for (auto& kv : live_) {
-    auto strong = kv.second.weak.lock();
-    if (strong && ownsPoolBlock(*strong)) {
-      const bool swapped = strong->mutable_data_ptr().compare_exchange_deleter(
-          backend_->poolDeleter(), &c10::detail::deleteNothing);
-      TORCH_INTERNAL_ASSERT(swapped);
-    }
+    if (auto strong = kv.second.weak.lock()) disown(*strong);
   }
   RestoreResult delta;
   try {

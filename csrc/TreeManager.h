@@ -204,6 +204,9 @@ class TreeManager {
   // [Pinned gradients]).
   void migrate(const Tracked& entry);
   bool ownsPoolBlock(const c10::StorageImpl& storage) const;
+  // If `storage` owns a pool block, makes its deleter a no-op (the block stays allocated for the
+  // caller to free or restore) and returns true.
+  bool disown(c10::StorageImpl& storage) const;
   bool deadBeforeHolds(const TreeNode& node);
   void pruneDead();
 
