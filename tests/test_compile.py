@@ -46,12 +46,9 @@ def test_inference_transformer_block_with_string_backend(device):
     assert t["num_replays"] >= 2 and t["num_fallbacks"] == 0
 
 
-def _train(model, step_fn, steps, lr=0.1):
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    for _ in range(steps):
-        opt.zero_grad()
-        step_fn()
-        opt.step()
+def _assert_same_parameters(model, ref):
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
 
 
 def test_training_matches_eager(device):
@@ -75,8 +72,7 @@ def test_training_matches_eager(device):
 
     run(ref, ref)
     run(model, compiled)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q)
+    _assert_same_parameters(model, ref)
     t = info(device)
     nodes = {n["id"]: n for n in t["nodes"]}
     (fwd,) = [n for n in t["nodes"] if n["function"].endswith(".forward")]
@@ -88,30 +84,43 @@ def test_training_matches_eager(device):
     assert len(nodes) == 2
 
 
-@pytest.mark.parametrize("pattern", ["forwards_then_backward", "interleaved"])
-def test_gradient_accumulation_over_micro_batches(device, pattern):
+@pytest.mark.parametrize(
+    "schedule, micro_batches",
+    [
+        ("forwards_then_backward", 4),
+        ("interleaved", 4),  # F1 B1 F2 B2 ...
+        ("forwards_then_backward", 17),
+        ("pipeline", 17),  # two forwards in flight: F1 F2 B1 F3 B2 ...
+    ],
+)
+def test_gradient_accumulation_over_micro_batches(device, schedule, micro_batches):
     model = _mlp(device)
     ref = copy.deepcopy(model)
     compiled = graphtrees.compile(model, inner="aot_eager")
-    gen = torch.Generator().manual_seed(2)
-    batches = [[torch.randn(8, 8, generator=gen).to(device) for _ in range(4)] for _ in range(5)]
+    gen = torch.Generator().manual_seed(micro_batches)
+    steps = [[torch.randn(4, 8, generator=gen).to(device) for _ in range(micro_batches)]
+             for _ in range(4)]
 
     def run(m, f):
         opt = torch.optim.SGD(m.parameters(), lr=0.05)
-        for micro in batches:
+        for micro in steps:
             opt.zero_grad()
-            if pattern == "forwards_then_backward":
-                losses = [f(x).pow(2).mean() for x in micro]
-                torch.stack(losses).sum().backward()
-            else:
+            if schedule == "forwards_then_backward":
+                torch.stack([f(x).pow(2).mean() for x in micro]).sum().backward()
+            elif schedule == "interleaved":
                 for x in micro:
                     f(x).pow(2).mean().backward()
+            else:
+                losses = [f(micro[0]).pow(2).mean()]
+                for x in micro[1:]:
+                    losses.append(f(x).pow(2).mean())
+                    losses.pop(0).backward()
+                losses.pop(0).backward()
             opt.step()
 
     run(ref, ref)
     run(model, compiled)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q)
+    _assert_same_parameters(model, ref)
     assert info(device)["num_replays"] > 0
     assert_invariants(device)
 
@@ -307,8 +316,7 @@ def test_training_with_graph_break_chains_forwards_then_backwards(device):
             o.zero_grad()
             f(x).pow(2).mean().backward()
             o.step()
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q)
+    _assert_same_parameters(model, ref)
     nodes = info(device)["nodes"]
     by_id = {n["id"]: n for n in nodes}
     (root,) = [n for n in nodes if n["parent"] is None]
@@ -341,35 +349,6 @@ def test_backend_string_works_without_importing_graphtrees():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "1"
-
-
-@pytest.mark.parametrize("schedule", ["17_forwards_then_backwards", "one_forward_one_backward"])
-def test_long_and_interleaved_micro_batch_schedules(device, schedule):
-    model = _mlp(device)
-    ref = copy.deepcopy(model)
-    compiled = graphtrees.compile(model, inner="aot_eager")
-    gen = torch.Generator().manual_seed(4)
-    steps = [[torch.randn(4, 8, generator=gen).to(device) for _ in range(17)] for _ in range(3)]
-
-    def run(m, f):
-        opt = torch.optim.SGD(m.parameters(), lr=0.05)
-        for micro in steps:
-            opt.zero_grad()
-            if schedule == "17_forwards_then_backwards":
-                torch.stack([f(x).pow(2).mean() for x in micro]).sum().backward()
-            else:  # two forwards in flight: F1 F2 B1 F3 B2 ... (pipeline-style)
-                losses = [f(micro[0]).pow(2).mean()]
-                for x in micro[1:]:
-                    losses.append(f(x).pow(2).mean())
-                    losses.pop(0).backward()
-                losses.pop(0).backward()
-            opt.step()
-
-    run(ref, ref)
-    run(model, compiled)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q)
-    assert info(device)["num_replays"] > 0
 
 
 @pytest.mark.parametrize("zero_grad", ["keep_buffers", "accumulate_over_steps"])
