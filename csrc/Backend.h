@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -60,6 +61,29 @@ struct RestoreResult {
 
 using RunFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
+// The device refused to record the function: a CUDA stream capture was invalidated (a host sync
+// such as .item(), a data-dependent shape such as x[mask], an unjoined side stream, ...) or, on
+// the CPU emulation, the function did what a CUDA capture forbids. capture() throws it after it
+// has undone everything the capture set up (allocator routing, pool references); the tree then
+// runs that function eagerly from now on. See Note [Rejected captures].
+class CaptureRejected : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// restore() failed. `poolUnchanged()` says whether the pool's bookkeeping is exactly as it was
+// before the call (the CPU pool's restore is all-or-nothing; c10's setCheckpointPoolState is
+// not, so a CUDA failure leaves the pool in an unknown state and its blocks are never reused).
+class RestoreError : public std::runtime_error {
+ public:
+  RestoreError(const std::string& what, bool pool_unchanged)
+      : std::runtime_error(what), pool_unchanged_(pool_unchanged) {}
+  bool poolUnchanged() const { return pool_unchanged_; }
+
+ private:
+  bool pool_unchanged_;
+};
+
 // A recorded graph.
 class Graph {
  public:
@@ -83,16 +107,22 @@ class Backend {
   virtual c10::Device device() const = 0;
   virtual std::string name() const = 0;
 
-  // Frees the pool: called by reset(). Live blocks stay valid until their owners free them.
+  // Frees the pool: called by reset(). Live blocks stay valid until their owners free them. The
+  // pool is released (and its memory handed back) before anything that can fail runs; an error
+  // met afterwards (an asynchronous device error surfacing at the final synchronisation) is
+  // thrown, so callers that must not throw (destructors) catch it.
   virtual void releasePool() = 0;
 
   // Routes the calling thread's allocations into the pool until endAllocateToPool().
+  // endAllocateToPool() un-routes first and synchronises last: if the synchronisation reports an
+  // asynchronous error of the work done while routed, the routing has already ended when it
+  // throws.
   virtual void beginAllocateToPool() = 0;
   virtual void endAllocateToPool() = 0;
 
   // Runs `run(inputs)` once while recording into the pool; `outputs` receives its result (real,
   // owning tensors that hold the recorded values). Throws what `run` throws, after undoing the
-  // capture.
+  // capture, or CaptureRejected when the device refused to record it.
   virtual std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
                                          std::vector<at::Tensor>* outputs,
                                          const std::string& function_name) = 0;
@@ -105,6 +135,7 @@ class Backend {
   virtual void synchronize() = 0;
 
   virtual std::shared_ptr<Checkpoint> checkpoint() = 0;
+  // Throws RestoreError on failure.
   virtual RestoreResult restore(const Checkpoint& checkpoint) = 0;
 
   // Frees one allocated block of the pool (c10's raw_delete).

@@ -1,14 +1,20 @@
 #include "CpuBackend.h"
 
 #include "CpuPool.h"
+#include "Hooks.h"
+#include "Logging.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <c10/util/UniqueVoidPtr.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace graphtrees {
@@ -30,19 +36,119 @@ struct ReplayLiveness {
   std::map<uintptr_t, std::pair<uintptr_t, size_t>> alive;  // start -> (end, allocation index)
 };
 
-struct ReplayToken {
+// Replay allocations look exactly like ordinary CPU allocations to kernels: their DataPtr's
+// context is the data pointer itself (oneDNN and c10's raw_allocate assert that). The deleter
+// finds the replay the allocation belongs to through this map.
+std::mutex& replayOwnersMutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>& replayOwners() {
+  static auto* owners = new std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>();
+  return *owners;  // never destroyed: deleters may run during interpreter shutdown
+}
+
+bool isReplayAllocation(void* ptr) {
+  std::lock_guard<std::mutex> lock(replayOwnersMutex());
+  return replayOwners().count(reinterpret_cast<uintptr_t>(ptr)) > 0;
+}
+
+void replayFree(void* ptr) {
   std::shared_ptr<ReplayLiveness> liveness;
-  uintptr_t start;
+  {
+    std::lock_guard<std::mutex> lock(replayOwnersMutex());
+    auto& owners = replayOwners();
+    auto it = owners.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == owners.end()) return;
+    liveness = std::move(it->second);
+    owners.erase(it);
+  }
+  std::lock_guard<std::mutex> lock(liveness->mutex);
+  liveness->alive.erase(reinterpret_cast<uintptr_t>(ptr));
+}
+
+// Note [Rejected captures]
+// A CUDA stream capture fails when the function synchronises with the host (.item(), bool() of a
+// tensor, .tolist(), printing, nonzero and boolean-mask indexing, unique, torch.equal, ...). The
+// CPU emulation would record such a function without complaint, because its replay re-runs the
+// Python code, so a test passing on CPU would say nothing about CUDA. During a CPU capture a
+// thread-local RecordFunction observer therefore watches the ops the function dispatches (nested
+// ones included) and Tensor.tolist(), which ATen does not dispatch, is reported by the Python
+// layer through noteHostSync(). Any of them makes the capture rejected exactly like a CUDA one:
+// capture() throws CaptureRejected and the tree runs the function eagerly from then on. Ops
+// whose CPU kernels read values where their CUDA kernels do not (_assert_async) are exempt,
+// with everything they call.
+struct HostSyncWatch {
+  std::string first;  // "aten::item (.item(), ...)": the first host read met
+  int exempt_depth = 0;
 };
 
-void replayFree(void* ctx) {
-  auto* token = static_cast<ReplayToken*>(ctx);
-  {
-    std::lock_guard<std::mutex> lock(token->liveness->mutex);
-    token->liveness->alive.erase(token->start);
-  }
-  delete token;
+thread_local HostSyncWatch* tls_watch = nullptr;
+
+const char* hostSyncDescription(const char* op) {
+  static const std::unordered_map<std::string, const char*> ops = {
+      {"aten::item", ".item(), or int()/float() of a tensor"},
+      {"aten::is_nonzero", "bool() of a tensor, e.g. `if tensor:`"},
+      {"aten::_local_scalar_dense", "reading a tensor's value on the host (.item(), bool(), ...)"},
+      {"aten::nonzero", "nonzero(), torch.where(cond) or indexing with a boolean mask"},
+      {"aten::argwhere", "argwhere()"},
+      {"aten::masked_select", "masked_select() (also used when a tensor is printed)"},
+      {"aten::_unique", "unique()"},
+      {"aten::_unique2", "unique()"},
+      {"aten::unique_dim", "unique(dim=...)"},
+      {"aten::unique_consecutive", "unique_consecutive()"},
+      {"aten::unique_dim_consecutive", "unique_consecutive(dim=...)"},
+      {"aten::equal", "torch.equal()"},
+  };
+  auto it = ops.find(op);
+  return it == ops.end() ? nullptr : it->second;
 }
+
+bool exemptFromHostSyncWatch(const char* op) {
+  return std::strcmp(op, "aten::_assert_async") == 0 ||
+         std::strcmp(op, "aten::_functional_assert_async") == 0;
+}
+
+std::unique_ptr<at::ObserverContext> watchOpStart(const at::RecordFunction& fn) {
+  HostSyncWatch* w = tls_watch;
+  if (w == nullptr) return nullptr;
+  const char* op = fn.name();
+  if (exemptFromHostSyncWatch(op)) {
+    w->exempt_depth++;
+  } else if (w->exempt_depth == 0 && w->first.empty()) {
+    if (const char* what = hostSyncDescription(op)) w->first = std::string(op) + " (" + what + ")";
+  }
+  return nullptr;
+}
+
+void watchOpEnd(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
+  HostSyncWatch* w = tls_watch;
+  if (w != nullptr && exemptFromHostSyncWatch(fn.name()) && w->exempt_depth > 0) w->exempt_depth--;
+}
+
+// Installs the watch on this thread for the lifetime of the guard.
+class HostSyncWatchGuard {
+ public:
+  explicit HostSyncWatchGuard(HostSyncWatch* watch)
+      : prev_(tls_watch),
+        handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&watchOpStart, &watchOpEnd)
+                                               .needsInputs(false)
+                                               .needsOutputs(false)
+                                               .scopes({at::RecordScope::FUNCTION}))) {
+    tls_watch = watch;
+  }
+  ~HostSyncWatchGuard() {
+    tls_watch = prev_;
+    at::removeCallback(handle_);
+  }
+  HostSyncWatchGuard(const HostSyncWatchGuard&) = delete;
+  HostSyncWatchGuard& operator=(const HostSyncWatchGuard&) = delete;
+
+ private:
+  HostSyncWatch* prev_;
+  at::CallbackHandle handle_;
+  at::RecordFunctionGuard enabled_{true};  // observe even where RecordFunction is switched off
+};
 
 // The routing of one thread. States nest (a stack through `prev`).
 struct RouteState {
@@ -75,8 +181,11 @@ class RouteGuard {
 
 c10::Allocator* g_fallback = nullptr;
 
+// Frees through raw_deallocate (oneDNN's scratch memory) must find replay allocations too.
 void routerRawDelete(void* ptr) {
-  if (CpuPool::poolOfAllocated(ptr) != nullptr) {
+  if (isReplayAllocation(ptr)) {
+    replayFree(ptr);
+  } else if (CpuPool::poolOfAllocated(ptr) != nullptr) {
     CpuPool::deleteBlock(ptr);
   } else if (ptr != nullptr) {
     g_fallback->raw_deleter()(ptr);
@@ -119,9 +228,12 @@ c10::DataPtr replayAllocate(RouteState* st, size_t nbytes) {
               "data-dependent part a separate, unwrapped function.");
   // Not owning pool memory: a replay writes the recorded address and the pool's bookkeeping is
   // untouched; the deleter only records that the allocation died.
-  return c10::DataPtr(reinterpret_cast<void*>(rec[i].ptr),
-                      new ReplayToken{st->liveness, rec[i].ptr}, &replayFree,
-                      c10::Device(c10::DeviceType::CPU));
+  {
+    std::lock_guard<std::mutex> lock(replayOwnersMutex());
+    replayOwners().emplace(rec[i].ptr, st->liveness);
+  }
+  void* ptr = reinterpret_cast<void*>(rec[i].ptr);
+  return c10::DataPtr(ptr, ptr, &replayFree, c10::Device(c10::DeviceType::CPU));
 }
 
 // Installed once as c10's CPU allocator; see Note [CPU emulation of graphs].
@@ -263,14 +375,27 @@ CpuBackend::CpuBackend() : pool_(CpuPool::create()) {
 }
 
 CpuBackend::~CpuBackend() {
-  releasePool();
+  try {
+    releasePool();
+  } catch (const std::exception& e) {
+    logMessage(LogLevel::kWarning, std::string("releasing the CPU pool failed: ") + e.what());
+  }
 }
 
 void CpuBackend::releasePool() {
-  if (pool_ != nullptr) {
-    pool_->release();
-    pool_ = nullptr;
+  if (pool_ == nullptr) return;
+  CpuPool* pool = pool_;
+  pool_ = nullptr;
+  // A pool that a failed restore left inconsistent has blocks nobody will free; the tree has
+  // invalidated every output by now, so nothing can reach them.
+  if (poisoned_) {
+    pool->releaseAll();
+  } else {
+    pool->release();
   }
+  TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kReleasePool),
+              "graphtrees: injected failure after releasing the CPU pool (as an asynchronous "
+              "device error surfacing at the final synchronisation)");
 }
 
 void CpuBackend::beginAllocateToPool() {
@@ -289,6 +414,9 @@ void CpuBackend::endAllocateToPool() {
                         "endAllocateToPool without a matching beginAllocateToPool");
   tls_route = st->prev;
   delete st;
+  TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kEndAllocate),
+              "graphtrees: injected failure after ending the routing into the CPU pool (as an "
+              "asynchronous device error surfacing at the synchronisation)");
 }
 
 std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
@@ -302,9 +430,26 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
   st.pool = pool_;
   st.recording = &allocations;
   st.function_name = &function_name;
-  {
+  HostSyncWatch watch;
+  try {
     RouteGuard guard(&st);
+    HostSyncWatchGuard watching(&watch);
     *outputs = run(inputs);
+  } catch (...) {
+    // On CUDA the host read itself would have failed the capture, before this error.
+    if (watch.first.empty()) throw;
+  }
+  if (!watch.first.empty()) {
+    outputs->clear();
+    throw CaptureRejected("it reads tensor values on the host while it is recorded: " +
+                          watch.first +
+                          ". A CUDA graph capture cannot synchronise with the host. Keep such code "
+                          "out of the graphed function, or express it with tensor ops (e.g. "
+                          "torch.where instead of `if tensor:`)");
+  }
+  if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
+    outputs->clear();
+    throw CaptureRejected("injected failure at the end of the capture");
   }
   std::vector<OutputLayout> layouts;
   layouts.reserve(outputs->size());
@@ -319,11 +464,38 @@ void CpuBackend::copyInputs(const std::vector<at::Tensor>& dst,
 }
 
 std::shared_ptr<Checkpoint> CpuBackend::checkpoint() {
+  TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kCheckpoint),
+              "graphtrees: injected failure while checkpointing the CPU pool");
   return pool_->checkpoint();
 }
 
 RestoreResult CpuBackend::restore(const Checkpoint& checkpoint) {
-  return pool_->restore(checkpoint);
+  if (consumeInjectedFailure(FailurePoint::kBackendRestore)) {
+    throw RestoreError("injected failure before the restore changed the CPU pool",
+                       /*pool_unchanged=*/true);
+  }
+  RestoreResult r;
+  try {
+    r = pool_->restore(checkpoint);
+  } catch (const std::exception& e) {
+    throw RestoreError(e.what(), /*pool_unchanged=*/true);  // CpuPool::restore is all or nothing
+  }
+  if (consumeInjectedFailure(FailurePoint::kPartialRestore)) {
+    // As c10's setCheckpointPoolState can fail: the pool has changed and the blocks it
+    // re-created are never handed out.
+    for (auto& dp : r.dataptrs_allocd) {
+      dp.compare_exchange_deleter(&CpuPool::deleteBlock, &c10::detail::deleteNothing);
+    }
+    poisoned_ = true;
+    throw RestoreError("injected failure after the restore changed the CPU pool",
+                       /*pool_unchanged=*/false);
+  }
+  return r;
+}
+
+void noteHostSync(const char* what) {
+  HostSyncWatch* w = tls_watch;
+  if (w != nullptr && w->exempt_depth == 0 && w->first.empty()) w->first = what;
 }
 
 void CpuBackend::freeBlock(void* ptr) {

@@ -14,7 +14,8 @@
 //     (data-dependent control flow or shapes) is an error that names the function and the
 //     allocation.
 // Capture runs the callable once; replay re-runs it in replay mode, so its outputs land exactly
-// where the recording's did.
+// where the recording's did. What a CUDA capture would reject, a CPU capture rejects too (Note
+// [Rejected captures] in CpuBackend.cpp).
 
 #include "Backend.h"
 
@@ -48,8 +49,12 @@ class CpuBackend final : public Backend {
   PoolStats stats() override;
 
  private:
-  CpuPool* pool_;  // owned; released by releasePool() or the destructor
-  int routing_depth_ = 0;
+  CpuPool* pool_;          // owned; released by releasePool() or the destructor
+  bool poisoned_ = false;  // a failed restore left the pool's bookkeeping inconsistent
 };
+
+// Reports a host read that ATen does not dispatch (Tensor.tolist()) on the calling thread: during
+// a CPU capture it rejects the recording (Note [Rejected captures]); elsewhere it does nothing.
+void noteHostSync(const char* what);
 
 }  // namespace graphtrees

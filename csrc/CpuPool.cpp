@@ -240,16 +240,24 @@ RestoreResult CpuPool::restore(const Checkpoint& checkpoint) {
   TORCH_INTERNAL_ASSERT(state && state->pool_id == id_, "checkpoint of another pool");
   RestoreResult result;
   std::lock_guard<std::mutex> lock(poolMutex());
+  // All or nothing: everything that can fail is checked before the pool changes, so a failed
+  // restore leaves the pool exactly as it was (see RestoreError::poolUnchanged()).
+  for (const auto& seg_state : state->segments) {
+    auto it = segments_.find(seg_state.base);
+    TORCH_CHECK(it != segments_.end() && it->second->size == seg_state.size,
+                "graphtrees: a checkpointed segment of CPU pool ", id_, " is no longer in it");
+    size_t total = 0;
+    for (const auto& bs : seg_state.blocks) total += bs.size;
+    TORCH_CHECK(total == seg_state.size, "graphtrees: a checkpointed segment of CPU pool ", id_,
+                " does not add up to its size");
+  }
   while (!allocated_.empty()) {
     Block* b = allocated_.begin()->second;
     result.ptrs_freed.push_back(reinterpret_cast<void*>(b->ptr));
     freeLocked(b);
   }
   for (const auto& seg_state : state->segments) {
-    auto it = segments_.find(seg_state.base);
-    TORCH_INTERNAL_ASSERT(it != segments_.end() && it->second->size == seg_state.size,
-                          "checkpointed segment no longer in the pool");
-    Segment* seg = it->second.get();
+    Segment* seg = segments_.at(seg_state.base).get();
     // After freeing everything the segment is one free block.
     TORCH_INTERNAL_ASSERT(seg->head && !seg->head->next && !seg->head->allocated);
     freeSet(seg->small).erase(seg->head);
@@ -333,6 +341,14 @@ void CpuPool::release() {
   std::lock_guard<std::mutex> lock(poolMutex());
   released_ = true;
   maybeDestroyLocked();
+}
+
+void CpuPool::releaseAll() {
+  std::lock_guard<std::mutex> lock(poolMutex());
+  released_ = true;
+  for (auto& kv : allocated_) blockOwners().erase(kv.first);
+  allocated_.clear();
+  delete this;
 }
 
 void CpuPool::maybeDestroyLocked() {

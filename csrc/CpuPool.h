@@ -56,6 +56,10 @@ class CpuPool {
   // Returns all fully free segments to the system now and the others once they drain, then
   // deletes the pool. The pool must not be used afterwards.
   void release();
+  // Returns every segment to the system now, allocated blocks included, and deletes the pool.
+  // Only for a pool whose allocated blocks nothing can reach any more (a pool left inconsistent
+  // by a failed restore, once its tree has invalidated every output).
+  void releaseAll();
 
   int64_t id() const { return id_; }
 

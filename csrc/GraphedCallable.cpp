@@ -1,5 +1,6 @@
 #include "GraphedCallable.h"
 
+#include "AutocastState.h"
 #include "Logging.h"
 
 #include <ATen/core/grad_mode.h>
@@ -175,6 +176,12 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
     return fallback(args, kwargs, flat, "it has no tensor arguments to tell its device");
   }
   const c10::Device device = flat.tensors[0].device();
+  // Autocast changes what the function computes: a recording made under it is another function
+  // (Note [Autocast and recordings] in TreeManager.cpp).
+  if (at::autocast::is_autocast_enabled(device.type())) {
+    flat.key.push_back('A');
+    flat.key.push_back(static_cast<char>(at::autocast::get_autocast_dtype(device.type())));
+  }
   const bool grad = at::GradMode::is_enabled();
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
     const at::Tensor& t = flat.tensors[i];
@@ -201,7 +208,15 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   const std::string& fname = sig.record.name;
   RunFn run = [&](const std::vector<at::Tensor>& tensors) {
     auto rebuilt = rebuildArgs(args, kwargs, tensors);
-    py::object out = fn_(*rebuilt.first, **rebuilt.second);
+    py::object out;
+    try {
+      out = fn_(*rebuilt.first, **rebuilt.second);
+    } catch (py::error_already_set& e) {
+      // A backend may handle this error (a rejected capture): free the pool tensors that the
+      // failed run's frames hold before it does anything else.
+      clearTracebackFrames(e);
+      throw;
+    }
     std::vector<at::Tensor> outs;
     OutputSpec spec = OutputSpec::flatten(out, &outs, fname);
     if (!sig.spec) {

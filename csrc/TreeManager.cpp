@@ -1,5 +1,7 @@
 #include "TreeManager.h"
 
+#include "AutocastState.h"
+#include "Hooks.h"
 #include "Logging.h"
 
 #include <ATen/ops/empty.h>
@@ -41,7 +43,11 @@ std::map<std::string, int64_t>& retiredCounts() {
   static std::map<std::string, int64_t> counts;
   return counts;
 }
-std::atomic<int> g_fail_restores{0};
+// Bytes of pool memory that failed restores left unreachable until reset(), per device.
+std::map<std::string, int64_t>& leakedBytes() {
+  static std::map<std::string, int64_t> bytes;
+  return bytes;
+}
 std::atomic<int64_t> g_step{0};
 std::atomic<uint64_t> g_epoch{1};
 thread_local int tls_call_depth = 0;
@@ -58,15 +64,56 @@ class CallDepthGuard {
   ~CallDepthGuard() { --tls_call_depth; }
 };
 
+// Routes this thread's allocations into the pool. end() ends the routing on the success path and
+// lets its errors (an asynchronous device error surfacing at the synchronisation) propagate; on
+// the error path the destructor ends it and turns its errors into a warning, so that the
+// original error is the one that propagates.
 class PoolRoutingGuard {
  public:
   explicit PoolRoutingGuard(Backend& backend) : backend_(backend) {
     backend_.beginAllocateToPool();
   }
-  ~PoolRoutingGuard() { backend_.endAllocateToPool(); }
+  void end() {
+    active_ = false;
+    backend_.endAllocateToPool();
+  }
+  ~PoolRoutingGuard() {
+    if (!active_) return;
+    try {
+      backend_.endAllocateToPool();
+    } catch (const std::exception& e) {
+      logMessage(LogLevel::kWarning,
+                 std::string("ending the pool routing after an error failed too: ") + e.what());
+    }
+  }
+  PoolRoutingGuard(const PoolRoutingGuard&) = delete;
+  PoolRoutingGuard& operator=(const PoolRoutingGuard&) = delete;
 
  private:
   Backend& backend_;
+  bool active_ = true;
+};
+
+// Note [Autocast and recordings]
+// Under autocast with its cache enabled, a cast of a leaf tensor that requires grad (a parameter)
+// is made once per autocast region and cached. A warmup would leave that cache's copies in the
+// pool, untracked, and a capture would reuse them instead of recording the casts: the graph would
+// read memory that is freed and reused when the region ends, and never see parameter updates.
+// Warmups, captures and replays therefore run with the cache disabled (the casts become part of
+// the recording), and the autocast state is part of the call signature (GraphedCallable).
+class AutocastCacheOff {
+ public:
+  AutocastCacheOff() : prev_(at::autocast::is_autocast_cache_enabled()) {
+    if (prev_) at::autocast::set_autocast_cache_enabled(false);
+  }
+  ~AutocastCacheOff() {
+    if (prev_) at::autocast::set_autocast_cache_enabled(true);
+  }
+  AutocastCacheOff(const AutocastCacheOff&) = delete;
+  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
+
+ private:
+  bool prev_;
 };
 
 const char* kindName(RunKind k) {
@@ -145,17 +192,33 @@ void TreeManager::resetAll() {
   TORCH_CHECK(!inCall(),
               "graphtrees.reset() (or torch._dynamo.reset()) was called from inside a graphed "
               "function's run; call it between graphed calls.");
-  std::map<std::string, std::shared_ptr<TreeManager>> trees;
-  std::vector<std::shared_ptr<TreeManager>> retired;
+  std::vector<std::shared_ptr<TreeManager>> trees;
   {
     std::lock_guard<std::mutex> lock(registryMutex());
-    trees.swap(registry());
-    retired.swap(retiredTrees());
+    for (auto& kv : registry()) trees.push_back(std::move(kv.second));
+    registry().clear();
+    for (auto& t : retiredTrees()) trees.push_back(std::move(t));
+    retiredTrees().clear();
     retiredCounts().clear();
+    leakedBytes().clear();
     g_epoch++;
   }
-  trees.clear();  // destructors invalidate live outputs and release the pools
-  retired.clear();
+  // Trees nobody else holds are closed here, so that an error of their teardown (an asynchronous
+  // device error surfacing at the final synchronisation) reaches the caller. A tree that a call on
+  // another thread is using goes when that call ends (its destructor warns instead).
+  std::string error;
+  for (auto& tree : trees) {
+    if (tree.use_count() != 1) continue;
+    try {
+      tree->close();
+    } catch (const c10::Error& e) {
+      if (error.empty()) error = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      if (error.empty()) error = e.what();
+    }
+  }
+  trees.clear();
+  TORCH_CHECK(error.empty(), "graphtrees.reset(): every tree was freed, but ", error);
 }
 
 void TreeManager::retire(TreeManager* tree, const std::string& why) {
@@ -176,7 +239,7 @@ void TreeManager::retire(TreeManager* tree, const std::string& why) {
 }
 
 void TreeManager::failNextRestores(int n) {
-  g_fail_restores = n;
+  injectFailure(FailurePoint::kRestore, n);
 }
 
 void TreeManager::markStepBegin() {
@@ -203,7 +266,18 @@ TreeManager::TreeManager(std::unique_ptr<Backend> backend)
     : backend_(std::move(backend)), root_(-1, nullptr), seen_step_(g_step.load()) {}
 
 TreeManager::~TreeManager() {
+  try {
+    close();
+  } catch (const std::exception& e) {
+    logMessage(LogLevel::kWarning,
+               std::string("freeing the tree of ") + backend_->device().str() + ": " + e.what());
+  }
+}
+
+void TreeManager::close() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (closed_) return;
+  closed_ = true;
   pinned_.clear();
   for (auto& kv : live_) {
     try {
@@ -216,8 +290,8 @@ TreeManager::~TreeManager() {
   slot_of_.clear();
   path_.clear();
   current_ = nullptr;
-  root_.clearChildren();  // graphs first: they may hold references to the pool
-  backend_->releasePool();
+  root_.clearChildren();   // graphs first: they may hold references to the pool
+  backend_->releasePool();  // may throw, after the pool is released
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -424,11 +498,12 @@ void TreeManager::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
 // data.
 void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs,
                                     const std::vector<uint8_t>& is_static) {
-  if (g_fail_restores.load() > 0) {
-    g_fail_restores--;
+  if (consumeInjectedFailure(FailurePoint::kRestore)) {
     throw RestoreFailed("simulated failure (graphtrees._C._fail_next_restores)");
   }
-  backend_->synchronize();
+  if (node->checkpoint_ == nullptr) {  // not expected: nodes are published with a checkpoint
+    throw RestoreFailed("node " + std::to_string(node->id()) + " has no checkpoint");
+  }
   pruneDead();
   auto owningPtrs = [this] {
     std::unordered_set<void*> owning;
@@ -462,16 +537,45 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
     }
   }
   cloneInputsAtRisk(inputs, is_static, at_risk);
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> disowned;
   for (auto& kv : live_) {
-    if (auto strong = kv.second.weak.lock()) disown(*strong);
+    auto strong = kv.second.weak.lock();
+    if (strong && disown(*strong)) disowned.push_back(std::move(strong));
   }
   RestoreResult delta;
   try {
     delta = backend_->restore(*node->checkpoint_);
-  } catch (const std::exception& e) {
-    // Owning outputs gave up ownership above; their blocks stay allocated in the retired pool.
-    throw RestoreFailed(std::string("setCheckpointPoolState: ") + e.what());
+  } catch (const RestoreError& e) {
+    // Note [Failed restores]
+    // A restore that failed before it changed the pool (the CPU pool's restore is all or
+    // nothing) leaves every block where it was: the outputs that gave up ownership above take it
+    // back, and nothing leaks. One that failed half-way (c10's setCheckpointPoolState frees every
+    // block, then re-creates the checkpoint's layout) leaves blocks that no DataPtr will ever
+    // free: the outputs stay disowned (their memory stays readable, since a retired pool never
+    // allocates again), and the bytes are reported as leaked until reset().
+    if (e.poolUnchanged()) {
+      for (auto& storage : disowned) {
+        storage->mutable_data_ptr().compare_exchange_deleter(&c10::detail::deleteNothing,
+                                                             backend_->poolDeleter());
+      }
+    } else {
+      // Every block still allocated in the pool is out of reach now: disowned outputs free
+      // nothing, and the blocks the restore re-created were never handed out.
+      int64_t bytes = 0;
+      try {
+        bytes = backend_->stats().allocated_bytes;
+      } catch (const std::exception&) {
+        bytes = -1;  // unknown
+      }
+      std::lock_guard<std::mutex> lock(registryMutex());
+      if (bytes > 0) leakedBytes()[backend_->device().str()] += bytes;
+    }
+    throw RestoreFailed(std::string("restoring the pool: ") + e.what() +
+                        (e.poolUnchanged() ? " (the pool was left unchanged)"
+                                           : " (the pool was left inconsistent; its memory is "
+                                             "not reused until graphtrees.reset())"));
   }
+  disowned.clear();
   std::unordered_map<uintptr_t, c10::DataPtr*> by_ptr;
   for (auto& dp : delta.dataptrs_allocd) by_ptr[reinterpret_cast<uintptr_t>(dp.get())] = &dp;
   for (auto it = live_.begin(); it != live_.end();) {
@@ -800,8 +904,10 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   const auto before = versionsOf(ins, unmanaged);
   std::vector<at::Tensor> outs;
   {
+    AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PoolRoutingGuard routing(*backend_);
     outs = run(ins);
+    routing.end();
   }
   const auto after = versionsOf(ins, unmanaged);
   for (size_t k = 0; k < unmanaged.size(); ++k) {
@@ -853,11 +959,23 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
       run_inputs[i] = std::move(ph);
       copied.push_back(static_cast<int64_t>(i));
     }
+    routing.end();
   }
   const auto before = versionsOf(run_inputs, copied);
 
   std::vector<at::Tensor> outs;
-  std::unique_ptr<Graph> graph = backend_->capture(run, run_inputs, &outs, fn.name);
+  std::unique_ptr<Graph> graph;
+  try {
+    CaptureScope scope;              // Python's GC paused, host reads watched
+    AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
+    graph = backend_->capture(run, run_inputs, &outs, fn.name);
+  } catch (const CaptureRejected& e) {
+    // The backend undid the capture; the tree is as it was. See Note [Rejected captures].
+    outs.clear();
+    run_inputs.clear();
+    fn.eager_reason = std::string("it cannot be recorded as a graph: ") + e.what();
+    return runEager(fn, inputs, run, fn.eager_reason);
+  }
 
   const auto after = versionsOf(run_inputs, copied);
   for (size_t k = 0; k < copied.size(); ++k) {
@@ -956,6 +1074,19 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   outs.clear();
   run_inputs.clear();
 
+  // Note [Publishing a node]
+  // The checkpoint is taken before the node enters the tree: a checkpoint that throws (c10's
+  // refuses blocks with pending cross-stream events) leaves the tree exactly as it was, and the
+  // function runs eagerly from then on. Nothing that can fail runs after the node is published.
+  try {
+    node->checkpoint_ = backend_->checkpoint();
+  } catch (const std::exception& e) {
+    const std::string why = e.what();
+    node.reset();
+    slot_storages.clear();
+    fn.eager_reason = "the pool could not be checkpointed after its recording: " + why;
+    return runEager(fn, inputs, run, fn.eager_reason);
+  }
   TreeNode* parent = current_ != nullptr ? current_ : &root_;
   TreeNode* raw = parent->addChild(std::move(node));
   next_node_id_++;
@@ -964,8 +1095,6 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   for (size_t k = 0; k < raw->slots_.size(); ++k) {
     trackStorage(slot_storages[k], raw->slots_[k].id, raw, fn);
   }
-  backend_->synchronize();
-  raw->checkpoint_ = backend_->checkpoint();
   for (auto& kv : live_) {
     if (!kv.second.weak.expired()) raw->checkpoint_live_slots_.push_back(kv.first);
   }
@@ -1016,6 +1145,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   }
   dirty_ = true;
   backend_->copyInputs(node.placeholders_, sources);
+  AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
   if (node.graph_->replayRunsCallable()) {
     std::vector<at::Tensor> replay_inputs = inputs;
     for (size_t k = 0; k < copied.size(); ++k) replay_inputs[copied[k]] = node.placeholders_[k];
@@ -1079,6 +1209,8 @@ TreeInfo TreeManager::info() {
     std::lock_guard<std::mutex> lock(registryMutex());
     auto it = retiredCounts().find(t.device);
     t.retired_trees = it == retiredCounts().end() ? 0 : it->second;
+    auto leaked = leakedBytes().find(t.device);
+    t.leaked_bytes = leaked == leakedBytes().end() ? 0 : leaked->second;
   }
   t.pending_backward = pending_forwards_ > 0;
   t.live_outputs = static_cast<int64_t>(live_.size());

@@ -101,6 +101,7 @@ struct TreeInfo {
   int64_t num_evictions = 0;
   int64_t num_migrations = 0;  // gradients copied out of the pool instead of invalidated
   int64_t retired_trees = 0;   // trees of this device retired after a failed restore
+  int64_t leaked_bytes = 0;    // pool bytes a half-done restore left unreachable until reset()
   bool pending_backward = false;
   int64_t live_outputs = 0;
   int64_t current_node = -1;
@@ -136,7 +137,12 @@ class TreeManager {
   static void setDebugChecks(bool on);
 
   explicit TreeManager(std::unique_ptr<Backend> backend);
+  // Calls close(); errors become warnings.
   ~TreeManager();
+  // Invalidates every live output, frees every node and graph and releases the pool. Errors met
+  // after the pool is released (an asynchronous device error surfacing at the final sync) are
+  // thrown. Idempotent.
+  void close();
 
   // Runs one call of `fn` on flat `inputs`. `run` calls the user's callable on a flat input list
   // and returns its flat tensor outputs. The caller holds mutex().
@@ -229,6 +235,7 @@ class TreeManager {
   TreeNode* current_ = nullptr;
   PathState state_ = PathState::kNone;
   bool dirty_ = false;  // a replay happened since the pool's bookkeeping was last exact
+  bool closed_ = false;
   int64_t generation_ = 0;
   int64_t seen_step_ = 0;
   int64_t next_node_id_ = 0;

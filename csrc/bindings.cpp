@@ -1,7 +1,9 @@
 // Python bindings of graphtrees._C.
 
+#include "CpuBackend.h"
 #include "CpuPool.h"
 #include "GraphedCallable.h"
+#include "Hooks.h"
 #include "Logging.h"
 #include "TreeManager.h"
 
@@ -50,6 +52,7 @@ py::dict treeInfo(const py::handle& device_obj) {
   d["num_evictions"] = t.num_evictions;
   d["num_migrations"] = t.num_migrations;
   d["retired_trees"] = t.retired_trees;
+  d["leaked_bytes"] = t.leaked_bytes;
   d["pending_backward"] = t.pending_backward;
   d["live_outputs"] = t.live_outputs;
   d["current_node"] =
@@ -169,6 +172,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_debug_checks", &TreeManager::setDebugChecks, py::arg("on"));
   m.def("_fail_next_restores", &TreeManager::failNextRestores, py::arg("n"),
         "Testing hook: the next n pool restores fail as PyTorch issue #140419 does.");
+  m.def(
+      "_inject_failure",
+      [](const std::string& point, int n) { injectFailure(failurePointFromName(point), n); },
+      py::arg("point"), py::arg("n") = 1,
+      "Testing hook: the next n arrivals at `point` fail (restore, backend_restore, "
+      "partial_restore, checkpoint, capture_end, end_allocate, release_pool).");
+  m.def(
+      "_note_host_sync", [](const std::string& what) { noteHostSync(what.c_str()); },
+      py::arg("what"),
+      "Reports a host read that ATen does not dispatch (Tensor.tolist) on this thread.");
+  m.def("_set_capture_scope_hook", [](py::object hook) {
+    if (hook.is_none()) {
+      setCaptureScopeHook(nullptr);
+      return;
+    }
+    auto holder = std::make_shared<py::object>(std::move(hook));
+    setCaptureScopeHook([holder]() -> std::function<void()> {
+      py::gil_scoped_acquire gil;
+      auto exit = std::make_shared<py::object>((*holder)());
+      return [exit] {
+        py::gil_scoped_acquire gil;
+        py::object done = std::move(*exit);  // dropped here, under the GIL
+        done();
+      };
+    });
+  });
   m.def("_cpu_pool_totals", &CpuPool::globalStats,
         "[pools alive, allocated blocks, reserved bytes] over every CPU pool, released ones too.");
   py::list backends;

@@ -1,6 +1,7 @@
 """Loads the compiled extension lazily and reports a missing or broken build actionably."""
 
 import logging
+import threading
 
 _C = None
 _import_error = None
@@ -31,6 +32,7 @@ def get_ext():
 
 
 _logger = logging.getLogger("graphtrees")
+_tolist_lock = threading.Lock()
 
 
 def _emit(level: int, message: str) -> None:
@@ -42,6 +44,50 @@ def _collect_garbage() -> None:
     import gc
 
     gc.collect()
+
+
+_capture_tls = threading.local()
+_original_tolist = None
+_active_scopes = 0
+
+
+def _watched_tolist(self, *args, **kwargs):
+    if getattr(_capture_tls, "depth", 0) > 0:
+        _C._note_host_sync("Tensor.tolist() (reads the tensor's values on the host)")
+    return _original_tolist(self, *args, **kwargs)
+
+
+def _capture_scope():
+    """Entered around every capture (see Note [Rejected captures] in csrc/CpuBackend.cpp): the
+    garbage collector is paused, so that no finalizer frees pool memory mid-capture, and
+    Tensor.tolist() -- a host read that ATen does not dispatch -- is watched on this thread.
+    Returns the function that leaves the scope."""
+    import gc
+
+    import torch
+
+    global _original_tolist, _active_scopes
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    _capture_tls.depth = getattr(_capture_tls, "depth", 0) + 1
+    with _tolist_lock:
+        # torch.Tensor.tolist is replaced only while some thread captures.
+        if _active_scopes == 0 and "tolist" not in torch.Tensor.__dict__:
+            _original_tolist = torch.Tensor.tolist
+            torch.Tensor.tolist = _watched_tolist
+        _active_scopes += 1
+
+    def leave():
+        global _active_scopes
+        _capture_tls.depth -= 1
+        with _tolist_lock:
+            _active_scopes -= 1
+            if _active_scopes == 0 and torch.Tensor.__dict__.get("tolist") is _watched_tolist:
+                del torch.Tensor.tolist
+        if gc_was_enabled:
+            gc.enable()
+
+    return leave
 
 
 def _on_module_change(*args):
@@ -56,14 +102,19 @@ def _install() -> None:
 
     _C._set_log_sink(_emit)
     _C._set_collect_garbage_hook(_collect_garbage)
+    _C._set_capture_scope_hook(_capture_scope)
     module.register_module_parameter_registration_hook(_on_module_change)
     module.register_module_buffer_registration_hook(_on_module_change)
     module.register_module_module_registration_hook(_on_module_change)
 
     def _shutdown():
-        _C.reset()
+        try:
+            _C.reset()
+        except Exception as e:  # an exit must not fail because a device reported an error
+            _logger.warning("graphtrees: freeing the trees at exit: %s", e)
         _C._set_log_sink(None)
         _C._set_collect_garbage_hook(None)
+        _C._set_capture_scope_hook(None)
 
     atexit.register(_shutdown)
 

@@ -39,6 +39,10 @@ def device(request):
     return request.param
 
 
+FAILURE_POINTS = ("restore", "backend_restore", "partial_restore", "checkpoint", "capture_end",
+                  "end_allocate", "release_pool")
+
+
 def _cpu_totals():
     return list(get_ext()._cpu_pool_totals())
 
@@ -54,6 +58,8 @@ def clean_trees():
     graphtrees.reset()
     gc.collect()
     yield
+    for point in FAILURE_POINTS:
+        _C._inject_failure(point, 0)
     gc.collect()
     graphtrees.reset()
     gc.collect()

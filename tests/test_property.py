@@ -8,6 +8,8 @@ drops of held outputs, mark_step_begin() and reset(). After every step:
   - the pool's allocated blocks are exactly the live outputs that own pool memory.
 """
 
+import os
+
 import pytest
 import torch
 from helpers import assert_invariants
@@ -143,7 +145,7 @@ def run_program(device, program):
 
 
 @settings(
-    max_examples=100,
+    max_examples=int(os.environ.get("GRAPHTREES_HYPOTHESIS_EXAMPLES", "100")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

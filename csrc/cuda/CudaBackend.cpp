@@ -1,15 +1,28 @@
 #include "cuda/CudaBackend.h"
 
+#include "Hooks.h"
+#include "Logging.h"
+
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/_foreach_copy.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+#include <torch/headeronly/version.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <set>
 #include <thread>
+#include <utility>
+
+// torch >= 2.14's CUDAGraph ends the allocator routing and releases the pool itself when a
+// capture fails; 2.11 (the GPU machine's) and 2.13 do neither.
+#define GRAPHTREES_CAPTURE_END_CLEANS_UP \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14))
 
 // Declared in <ATen/cuda/CUDAContextLight.h>, which also pulls in the cuBLAS/cuSPARSE headers that
 // a CUDA toolkit without those libraries lacks; the function is exported by libtorch_cuda.
@@ -50,6 +63,30 @@ bool samePool(const c10::cuda::MempoolId_t& a, const c10::cuda::MempoolId_t& b) 
   return a.first == b.first && a.second == b.second;
 }
 
+// Runs `f`, keeping the first error's message in `*error` instead of throwing.
+template <typename F>
+void collectError(std::string* error, const char* what, F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    if (error->empty()) *error = std::string(what) + ": " + e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    if (error->empty()) *error = std::string(what) + ": " + e.what();
+  }
+}
+
+std::string messageOf(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(c10::Device device)
@@ -66,17 +103,31 @@ CudaBackend::~CudaBackend() {
   try {
     releasePool();
   } catch (const std::exception& e) {
-    TORCH_WARN("graphtrees: releasing the CUDA pool failed: ", e.what());
+    logMessage(LogLevel::kWarning, std::string("releasing the CUDA pool failed: ") + e.what());
   }
 }
 
+// Releases first and synchronises last, so that an asynchronous error of earlier work (a
+// device-side assert, an illegal access) cannot keep the pool alive: the error is thrown after the
+// pool is gone.
 void CudaBackend::releasePool() {
   if (!pool_alive_) return;
-  c10::cuda::CUDAGuard guard(device_.index());
-  c10::cuda::device_synchronize();
-  CCA::releasePool(device_.index(), pool_);
   pool_alive_ = false;
   segments_.clear();
+  c10::cuda::CUDAGuard guard(device_.index());
+  std::string error;
+  collectError(&error, "releasePool", [&] { CCA::releasePool(device_.index(), pool_); });
+  // At use count 0 the pool is only "freeable": its segments stay reserved until emptyCache()
+  // (never while any capture or routing is under way). Hand them back now. A pool that a failed
+  // restore left inconsistent keeps blocks the allocator thinks are allocated: those stay.
+  collectError(&error, "emptyCache", [&] { CCA::emptyCache(pool_); });
+  collectError(&error, "synchronize", [&] { c10::cuda::device_synchronize(); });
+  TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kReleasePool),
+              "graphtrees: injected failure after releasing the CUDA pool");
+  TORCH_CHECK(error.empty(), "graphtrees: releasing the pool of the ", device_, " tree: ", error,
+              poisoned_ ? " (the pool was left inconsistent by a failed restore; its blocks stay "
+                          "reserved for the life of the process)"
+                        : "");
 }
 
 void CudaBackend::synchronize() {
@@ -91,20 +142,75 @@ void CudaBackend::beginAllocateToPool() {
   const auto tid = std::this_thread::get_id();
   CCA::beginAllocateToPool(device_.index(), pool_,
                            [tid](cudaStream_t) { return std::this_thread::get_id() == tid; });
+  // User code run while routed (a warmup) runs on the tree's device and stream, so that tensors
+  // made with a bare "cuda" device land in this pool.
+  routing_device_.set_index(device_.index());
   saved_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
   c10::cuda::setCurrentCUDAStream(stream_);
 }
 
 void CudaBackend::endAllocateToPool() {
-  c10::cuda::CUDAGuard guard(device_.index());
+  std::string error;
+  // Un-route first: nothing below may leave this thread routed into the pool.
   if (saved_stream_) {
     c10::cuda::setCurrentCUDAStream(*saved_stream_);
     saved_stream_.reset();
   }
-  c10::cuda::device_synchronize();  // the caller's stream sees the results
-  CCA::endAllocateToPool(device_.index(), pool_);
-  CCA::releasePool(device_.index(), pool_);  // balances beginAllocateToPool's incref
-  at::cuda::clearCublasWorkspaces();
+  {
+    c10::cuda::CUDAGuard guard(device_.index());
+    collectError(&error, "endAllocateToPool",
+                 [&] { CCA::endAllocateToPool(device_.index(), pool_); });
+    // Balances beginAllocateToPool's incref.
+    collectError(&error, "releasePool", [&] { CCA::releasePool(device_.index(), pool_); });
+    collectError(&error, "clearCublasWorkspaces", [] { at::cuda::clearCublasWorkspaces(); });
+    // Synchronise last: the caller's stream sees the results, and an asynchronous error of the
+    // routed work surfaces here, as an exception of this call.
+    collectError(&error, "synchronize", [] { c10::cuda::device_synchronize(); });
+    refreshSegments();
+  }
+  routing_device_.reset();
+  TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kEndAllocate),
+              "graphtrees: injected failure after ending the routing into the CUDA pool");
+  TORCH_CHECK(error.empty(), "graphtrees: ending the routing into the pool of the ", device_,
+              " tree: ", error);
+}
+
+// Note [Rejected captures on CUDA]
+// A capture fails when the function does something a stream capture forbids: a host sync
+// (.item(), .cpu(), printing, x[mask], nonzero), a pageable host-to-device copy, a side stream
+// that is never joined. The forbidden call raises inside the user's code (usually "operation not
+// permitted when stream is capturing") and the capture is invalidated; cudaStreamEndCapture then
+// fails too. On torch 2.11 and 2.13 CUDAGraph::capture_end() throws at that point *before* it
+// ends the allocator routing, and the graph's destructor releases the pool only after a capture
+// that ended: the device and the host allocator would route this thread into the pool forever,
+// each holding one more reference, and every later capture in the process would be affected.
+// So a failed capture is undone here: the graph is destroyed, both routings are ended (an error
+// saying they were already ended, as torch 2.14 does itself, is ignored), the device pool's use
+// count is brought back to what it was before capture_begin(), and on torch < 2.14 the host
+// pool's reference is released. The capture is rejected (CaptureRejected) when the stream was
+// invalidated or capture_end() failed; an exception of the user's code with the capture still
+// valid is the user's own error and is rethrown after the capture ended normally.
+void CudaBackend::abandonCapture(std::unique_ptr<at::cuda::CUDAGraph> graph, int uses_before,
+                                 bool host_routed) {
+  graph.reset();
+  (void)cudaGetLastError();  // the capture error is not sticky; do not leave it for others
+  std::string ignored;
+  collectError(&ignored, "", [&] { CCA::endAllocateToPool(device_.index(), pool_); });
+  collectError(&ignored, "",
+               [&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool_); });
+  int uses = uses_before;
+  collectError(&ignored, "", [&] { uses = CCA::getPoolUseCount(device_.index(), pool_); });
+  for (; uses > uses_before; --uses) {
+    collectError(&ignored, "", [&] { CCA::releasePool(device_.index(), pool_); });
+  }
+#if !GRAPHTREES_CAPTURE_END_CLEANS_UP
+  if (host_routed) {
+    collectError(&ignored, "", [&] { at::getHostAllocator(at::kCUDA)->release_pool(pool_); });
+  }
+#else
+  (void)host_routed;
+#endif
+  collectError(&ignored, "", [] { at::cuda::clearCublasWorkspaces(); });
   refreshSegments();
 }
 
@@ -114,36 +220,89 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
   c10::cuda::CUDAGuard guard(device_.index());
   c10::cuda::device_synchronize();
   at::cuda::clearCublasWorkspaces();
-  // Blocks allocated before the capture are protected; the capture may write anything else in
-  // the pool's segments (including segments it creates).
-  std::vector<Interval> protected_blocks;
+  // Blocks allocated before the capture: only those still allocated, at the same place and size,
+  // after it (and not holding an output) are outside the capture's footprint.
+  std::set<std::pair<uintptr_t, size_t>> allocated_before;
   for (const auto& seg : poolLayout()) {
     for (const auto& b : seg.second) {
-      if (b.allocated) protected_blocks.push_back({b.ptr, b.ptr + b.size});
+      if (b.allocated) allocated_before.emplace(b.ptr, b.size);
     }
   }
+  const int uses_before = CCA::getPoolUseCount(device_.index(), pool_);
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  std::exception_ptr user_error;
+  std::string rejected;
   {
     c10::cuda::CUDAStreamGuard stream_guard(stream_);
-    graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+    try {
+      graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+    } catch (const std::exception& e) {
+      const std::string why = e.what();
+      abandonCapture(std::move(graph), uses_before, /*host_routed=*/false);
+      throw CaptureRejected("starting the CUDA graph capture failed: " + why);
+    }
     try {
       *outputs = run(inputs);
-    } catch (...) {
-      try {
-        graph->capture_end();
-      } catch (const std::exception& e) {
-        TORCH_WARN("graphtrees: ending the aborted capture of '", function_name,
-                   "' failed: ", e.what());
+      if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
+        // A real invalidation: querying a capturing stream is forbidden.
+        (void)cudaStreamQuery(stream_.stream());
       }
-      throw;
+    } catch (...) {
+      user_error = std::current_exception();
     }
-    graph->capture_end();
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_.stream(), &status) != cudaSuccess ||
+        status == cudaStreamCaptureStatusInvalidated) {
+      rejected = user_error ? messageOf(user_error) : "the stream capture was invalidated";
+    }
+    bool ended = true;
+    try {
+      graph->capture_end();
+    } catch (const std::exception& e) {
+      ended = false;
+      if (rejected.empty()) rejected = user_error ? messageOf(user_error) : e.what();
+    }
+    if (ended && rejected.empty() && user_error) {
+      // The user's own error, with the capture intact: the graph cleans up after itself.
+      outputs->clear();
+      graph.reset();
+      std::rethrow_exception(user_error);
+    }
+    if (!rejected.empty()) {
+      outputs->clear();
+      if (ended) {
+        graph.reset();
+        refreshSegments();
+      } else {
+        abandonCapture(std::move(graph), uses_before, /*host_routed=*/true);
+      }
+      throw CaptureRejected("CUDA rejected the capture of '" + function_name + "': " + rejected +
+                            ". A CUDA graph cannot record host synchronisation (.item(), "
+                            "bool(tensor), .cpu(), printing), data-dependent shapes (x[mask], "
+                            "nonzero) or unjoined side streams");
+    }
     graph->replay();  // the recording's outputs hold real values from here on
   }
   c10::cuda::device_synchronize();
   at::cuda::clearCublasWorkspaces();
   refreshSegments();
-  // Footprint: the pool's segments minus the blocks that were protected before the capture.
+  // Footprint: the pool's segments minus the blocks that the capture cannot have written.
+  std::vector<Interval> output_ranges;
+  for (const auto& o : *outputs) {
+    const auto begin = reinterpret_cast<uintptr_t>(o.storage().data());
+    if (begin != 0) output_ranges.push_back({begin, begin + o.storage().nbytes()});
+  }
+  std::vector<Interval> protected_blocks;
+  for (const auto& seg : poolLayout()) {
+    for (const auto& b : seg.second) {
+      if (!b.allocated || !allocated_before.count({b.ptr, b.size})) continue;
+      const bool holds_output =
+          std::any_of(output_ranges.begin(), output_ranges.end(), [&](const Interval& r) {
+            return r.begin < b.ptr + b.size && r.end > b.ptr;
+          });
+      if (!holds_output) protected_blocks.push_back({b.ptr, b.ptr + b.size});
+    }
+  }
   mergeIntervals(&protected_blocks);
   std::vector<Interval> footprint;
   for (const auto& seg : segments_) {
@@ -168,6 +327,9 @@ void CudaBackend::copyInputs(const std::vector<at::Tensor>& dst,
 
 std::shared_ptr<Checkpoint> CudaBackend::checkpoint() {
   c10::cuda::CUDAGuard guard(device_.index());
+  c10::cuda::device_synchronize();
+  TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kCheckpoint),
+              "graphtrees: injected failure while checkpointing the CUDA pool");
   return std::make_shared<CudaCheckpoint>(CCA::getCheckpointState(device_.index(), pool_));
 }
 
@@ -175,8 +337,25 @@ RestoreResult CudaBackend::restore(const Checkpoint& checkpoint) {
   const auto* cp = dynamic_cast<const CudaCheckpoint*>(&checkpoint);
   TORCH_INTERNAL_ASSERT(cp != nullptr, "checkpoint of another backend");
   c10::cuda::CUDAGuard guard(device_.index());
-  c10::cuda::device_synchronize();  // setCheckpointPoolState needs every block's events done
-  CCA::CheckpointDelta delta = CCA::setCheckpointPoolState(device_.index(), cp->state_);
+  try {
+    c10::cuda::device_synchronize();  // setCheckpointPoolState needs every block's events done
+  } catch (const std::exception& e) {
+    throw RestoreError(std::string("synchronize: ") + e.what(), /*pool_unchanged=*/true);
+  }
+  if (consumeInjectedFailure(FailurePoint::kBackendRestore)) {
+    throw RestoreError("injected failure before the restore changed the CUDA pool",
+                       /*pool_unchanged=*/true);
+  }
+  CCA::CheckpointDelta delta;
+  try {
+    delta = CCA::setCheckpointPoolState(device_.index(), cp->state_);
+  } catch (const std::exception& e) {
+    // c10's restore frees every block, then re-creates the checkpoint's layout; a failure on the
+    // way leaves blocks that no DataPtr will ever free (Note [Failed restores] in TreeManager).
+    poisoned_ = true;
+    refreshSegments();
+    throw RestoreError(e.what(), /*pool_unchanged=*/false);
+  }
   RestoreResult r;
   r.ptrs_freed = std::move(delta.ptrs_freed);
   r.dataptrs_allocd = std::move(delta.dataptrs_allocd);

@@ -4,24 +4,36 @@
 // c10's CUDA caching allocator per tree, and that allocator's checkpoint API for branch switches.
 //
 // Note [CUDA backend calls]
-//   pool        at::cuda::graph_pool_handle() + createOrIncrefPool(); releasePool() on reset
-//   warmup      beginAllocateToPool(thread filter) on the tree's own stream, cuBLAS workspaces
-//               cleared around it; endAllocateToPool() + releasePool() (balances begin's incref)
-//   capture     CUDAGraph::capture_begin(pool, thread-local mode) on the tree's stream; one replay
+//   pool        at::cuda::graph_pool_handle() + createOrIncrefPool(); on reset releasePool(),
+//               then emptyCache(pool) so that the pool's segments (and, with expandable
+//               segments, their address space) go back to the device, then a sync
+//   warmup      beginAllocateToPool(thread filter) on the tree's own stream and device (a device
+//               guard held while routed), cuBLAS workspaces cleared around it;
+//               endAllocateToPool() + releasePool() (balances begin's incref), sync last
+//   capture     CUDAGraph::capture_begin(pool, thread-local mode) on the tree's stream, Python's
+//               GC paused; one replay. A capture CUDA invalidates is undone by hand on torch
+//               < 2.14, whose capture_end() throws before it un-routes (Note [Rejected captures
+//               on CUDA] in CudaBackend.cpp)
 //   replay      CUDAGraph::replay() on the caller's current stream (inputs copied on that stream)
 //   checkpoint  getCheckpointState(); restore: setCheckpointPoolState() after a device sync
-// Compiles against torch 2.11 and 2.14: the calls above have the same spelling in both.
+// Compiles against torch 2.11 and 2.14: the calls above have the same spelling in both; the one
+// behaviour that differs (capture_end's clean-up) is gated on TORCH_VERSION_MINOR.
 
 #include "Backend.h"
 
 #include <c10/core/Device.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace at::cuda {
+struct CUDAGraph;
+}  // namespace at::cuda
 
 namespace graphtrees {
 
@@ -59,12 +71,19 @@ class CudaBackend final : public Backend {
   // The pool's segments and blocks, from the allocator's snapshot.
   std::vector<std::pair<Interval, std::vector<Block>>> poolLayout() const;
   void refreshSegments();
+  // Undoes a capture that failed after capture_begin(): un-routes both allocators and releases
+  // every pool reference the capture took (`uses_before`: the pool's use count before it).
+  // `host_routed`: capture_begin() got as far as routing the host allocator.
+  void abandonCapture(std::unique_ptr<at::cuda::CUDAGraph> graph, int uses_before,
+                      bool host_routed);
 
   c10::Device device_;
   c10::cuda::MempoolId_t pool_;
   bool pool_alive_ = false;
+  bool poisoned_ = false;  // a failed setCheckpointPoolState left the pool inconsistent
   c10::cuda::CUDAStream stream_;
   std::optional<c10::cuda::CUDAStream> saved_stream_;  // during pool routing
+  c10::cuda::OptionalCUDAGuard routing_device_;        // during pool routing
   std::vector<Interval> segments_;                     // cached for inPool()
 };
 
