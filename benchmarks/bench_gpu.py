@@ -288,41 +288,60 @@ def markdown(res):
         r = res["capture"]
         lines += ["## Warmup + recording of 16 shapes (ms)", "", "| graphtrees | PyTorch trees |", "|---:|---:|",
                   f"| {r.get('graphtrees_ms')} | {r.get('pytorch_trees_ms', r.get('pytorch_trees_error'))} |", ""]
+    for k in res.get("skipped", []):
+        lines.append(f"- {k}: skipped (dry run)")
     for k, v in res.get("errors", {}).items():
         lines.append(f"- {k} failed: `{v.splitlines()[-1]}`")
     return "\n".join(lines) + "\n"
+
+
+def write_results(res, out_dir):
+    """Rewrites the JSON and Markdown results; called after every section, so that a timeout
+    keeps what finished."""
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, f"gpu-{res['meta']['date']}")
+    with open(base + ".json", "w") as f:
+        json.dump(res, f, indent=2)
+    md = markdown(res)
+    with open(base + ".md", "w") as f:
+        f.write(md)
+    return md
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU needed: writes the result files with every section skipped")
     args = parser.parse_args()
-    assert torch.cuda.is_available(), "needs a CUDA device"
-    assert os.environ.get("GRAPHTREES_CUDA") == "1", "set GRAPHTREES_CUDA=1"
+    if not args.dry_run:
+        assert torch.cuda.is_available(), "needs a CUDA device"
+        assert os.environ.get("GRAPHTREES_CUDA") == "1", "set GRAPHTREES_CUDA=1"
     res = {"meta": {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-                    "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),
-                    "graphtrees": graphtrees.__version__}, "errors": {}}
+                    "cuda": torch.version.cuda,
+                    "gpu": torch.cuda.get_device_name(0) if not args.dry_run else "none (dry run)",
+                    "graphtrees": graphtrees.__version__, "dry_run": args.dry_run},
+           "errors": {}, "skipped": []}
+    sections = (("overhead", lambda: bench_overhead(args.iters)),
+                ("end_to_end", lambda: bench_end_to_end(args.iters // 4)),
+                ("memory", lambda: bench_memory([1, 2, 4, 8])),
+                ("capture", bench_capture))
     with torch.no_grad():
-        for key, fn in (("overhead", lambda: bench_overhead(args.iters)),
-                        ("end_to_end", lambda: bench_end_to_end(args.iters // 4)),
-                        ("memory", lambda: bench_memory([1, 2, 4, 8])),
-                        ("capture", bench_capture)):
-            try:
-                res[key] = fn()
-            except Exception:  # noqa: BLE001 - recorded in the results
-                res["errors"][key] = traceback.format_exc()
-                print(res["errors"][key], file=sys.stderr)
-            graphtrees.reset()
-            print(f"{key} done", file=sys.stderr, flush=True)
-    md = markdown(res)
-    print(md)
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"gpu-{res['meta']['date']}")
-    with open(base + ".json", "w") as f:
-        json.dump(res, f, indent=2)
-    with open(base + ".md", "w") as f:
-        f.write(md)
+        for key, fn in sections:
+            t0 = time.perf_counter()
+            if args.dry_run:
+                res["skipped"].append(key)
+            else:
+                try:
+                    res[key] = fn()
+                except Exception:  # noqa: BLE001 - recorded in the results
+                    res["errors"][key] = traceback.format_exc()
+                    print(res["errors"][key], file=sys.stderr)
+                graphtrees.reset()
+            write_results(res, args.out)
+            print(f"{key} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(write_results(res, args.out))
 
 
 if __name__ == "__main__":
