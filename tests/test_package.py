@@ -78,3 +78,13 @@ def test_repr_and_module_attribute():
     m = torch.nn.Linear(2, 2)
     g = graphtrees.cudagraphify(m)
     assert "Linear" in repr(g) and g.module is m
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_BIND_NOW is a glibc loader switch")
+def test_every_symbol_of_the_extension_resolves_against_this_torch():
+    # Lazy binding would only report a symbol missing from this torch (the CUDA backend's calls
+    # included) when it is first called, possibly on a GPU machine; resolve them all at import.
+    env = dict(os.environ, LD_BIND_NOW="1")
+    r = subprocess.run([sys.executable, "-c", "import torch, graphtrees._C; print('ok')"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
