@@ -1,12 +1,6 @@
 #include "Backend.h"
 
-#include "CpuBackend.h"
-
 #include <algorithm>
-
-#ifdef GRAPHTREES_WITH_CUDA
-#include "cuda/CudaBackend.h"
-#endif
 
 namespace graphtrees {
 
@@ -24,26 +18,6 @@ void mergeIntervals(std::vector<Interval>* intervals) {
     }
   }
   v.resize(n);
-}
-
-std::unique_ptr<Backend> makeBackend(c10::Device device, std::string* why_not) {
-  switch (device.type()) {
-    case c10::DeviceType::CPU:
-      return std::make_unique<CpuBackend>();
-    case c10::DeviceType::CUDA:
-#ifdef GRAPHTREES_WITH_CUDA
-      return makeCudaBackend(device, why_not);
-#else
-      *why_not =
-          "graphtrees was built without its CUDA backend (no CUDA build of torch or no nvcc at "
-          "build time); reinstall with a CUDA build of torch and the CUDA toolkit";
-      return nullptr;
-#endif
-    default:
-      *why_not =
-          "graphtrees has no backend for device type '" + c10::DeviceTypeName(device.type()) + "'";
-      return nullptr;
-  }
 }
 
 }  // namespace graphtrees

@@ -88,16 +88,17 @@ class RestoreError : public std::runtime_error {
 class Graph {
  public:
   virtual ~Graph() = default;
-  // Re-executes the recording. `inputs` are the tensors the recording saw, at the same
-  // addresses (placeholders for copied inputs; static and managed inputs in place). A CUDA graph
-  // ignores `run` and `inputs` (the addresses are baked in); the CPU emulation re-runs `run` on
-  // them. `run` is the current call's callable, so a graph keeps no Python object alive.
-  virtual void replay(const RunFn& run, const std::vector<at::Tensor>& inputs) = 0;
+  // Re-executes the recording. `inputs` are the call's flat inputs; `placeholders[k]` stands in
+  // for input `copied[k]` (the current call's value, already copied to the address the recording
+  // used). A CUDA graph ignores all of it (its addresses are baked in); the CPU emulation re-runs
+  // `run` on the inputs with the placeholders substituted. `run` is the current call's callable,
+  // so a graph keeps no Python object alive.
+  virtual void replay(const RunFn& run, const std::vector<at::Tensor>& inputs,
+                      const std::vector<int64_t>& copied,
+                      const std::vector<at::Tensor>& placeholders) = 0;
   // Every byte range the recording wrote through the allocator (outputs and temporaries),
   // sorted and merged. A replay writes inside these ranges only.
   virtual const std::vector<Interval>& footprint() const = 0;
-  // Whether a replay runs the Python callable (true for the CPU emulation).
-  virtual bool replayRunsCallable() const = 0;
 };
 
 class Backend {
@@ -131,11 +132,9 @@ class Backend {
   virtual void copyInputs(const std::vector<at::Tensor>& dst,
                           const std::vector<at::Tensor>& src) = 0;
 
-  // Waits for all work queued on the pool's memory.
-  virtual void synchronize() = 0;
-
+  // Both wait for the work queued on the pool's memory first (the device synchronisation is
+  // theirs, not the caller's). restore() throws RestoreError on failure.
   virtual std::shared_ptr<Checkpoint> checkpoint() = 0;
-  // Throws RestoreError on failure.
   virtual RestoreResult restore(const Checkpoint& checkpoint) = 0;
 
   // Frees one allocated block of the pool (c10's raw_delete).
@@ -153,9 +152,5 @@ class Backend {
 
 // Sorts and merges overlapping or touching intervals in place.
 void mergeIntervals(std::vector<Interval>* intervals);
-
-// Creates the backend for a device, or returns nullptr with `why_not` set when no backend for it
-// was compiled in or it cannot be used (e.g. CUDA with a non-native allocator).
-std::unique_ptr<Backend> makeBackend(c10::Device device, std::string* why_not);
 
 }  // namespace graphtrees

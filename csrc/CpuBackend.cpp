@@ -1,7 +1,7 @@
 #include "CpuBackend.h"
 
 #include "CpuPool.h"
-#include "Hooks.h"
+#include "ProcessState.h"
 #include "Logging.h"
 
 #include <ATen/core/Tensor.h>
@@ -300,7 +300,11 @@ class CpuGraph final : public Graph {
         outputs_(std::move(outputs)),
         name_(std::move(name)) {}
 
-  void replay(const RunFn& run, const std::vector<at::Tensor>& inputs) override {
+  void replay(const RunFn& run, const std::vector<at::Tensor>& call_inputs,
+              const std::vector<int64_t>& copied,
+              const std::vector<at::Tensor>& placeholders) override {
+    std::vector<at::Tensor> inputs = call_inputs;  // the recording's addresses for copied inputs
+    for (size_t k = 0; k < copied.size(); ++k) inputs[copied[k]] = placeholders[k];
     RouteState st;
     st.mode = RouteMode::kReplay;
     st.recorded = &allocations_;
@@ -359,7 +363,6 @@ class CpuGraph final : public Graph {
   }
 
   const std::vector<Interval>& footprint() const override { return footprint_; }
-  bool replayRunsCallable() const override { return true; }
 
  private:
   std::vector<Allocation> allocations_;

@@ -38,7 +38,6 @@ class CpuBackend final : public Backend {
                                  std::vector<at::Tensor>* outputs,
                                  const std::string& function_name) override;
   void copyInputs(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override;
-  void synchronize() override {}
   std::shared_ptr<Checkpoint> checkpoint() override;
   RestoreResult restore(const Checkpoint& checkpoint) override;
   void freeBlock(void* ptr) override;

@@ -2,6 +2,8 @@
 
 #include "AutocastState.h"
 #include "Logging.h"
+#include "ProcessState.h"
+#include "TreeRegistry.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -31,39 +33,54 @@ void clearTracebackFrames(const py::error_already_set& e) {
 
 }  // namespace
 
-std::unique_lock<std::recursive_mutex> lockTree(TreeManager& tree) {
-  std::unique_lock<std::recursive_mutex> lock(tree.mutex(), std::try_to_lock);
-  if (!lock.owns_lock()) {
-    py::gil_scoped_release no_gil;  // the holder may need the GIL to finish
-    lock.lock();
+namespace {
+// An int option (not a bool) with a lower bound, or ValueError naming `who` and the option.
+int64_t intOption(const std::string& who, const char* name, const py::handle& value, int64_t min) {
+  const bool ok = PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr()) &&
+                  value.cast<int64_t>() >= min;
+  TORCH_CHECK_VALUE(ok, who, ": ", name, " must be an int >= ", min, ", got ",
+                    py::repr(value).cast<std::string>());
+  return value.cast<int64_t>();
+}
+}  // namespace
+
+GraphOptions validateOptions(const std::string& who, const py::handle& static_argnums,
+                             const py::handle& warmup_iters, const py::handle& rerecord_limit,
+                             const py::handle& max_signatures, int64_t min_signatures) {
+  GraphOptions o;
+  std::vector<py::handle> positions;
+  if (PyLong_Check(static_argnums.ptr())) {
+    positions.push_back(static_argnums);
+  } else {
+    for (py::handle h : static_argnums) positions.push_back(h);
   }
-  return lock;
+  for (py::handle h : positions) {
+    const bool ok = PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && h.cast<int64_t>() >= 0;
+    TORCH_CHECK_VALUE(ok, who,
+                      ": static_argnums must be non-negative ints (positions of positional "
+                      "arguments), got ",
+                      py::repr(h).cast<std::string>());
+    o.static_argnums.push_back(h.cast<int64_t>());
+  }
+  o.warmup_iters = static_cast<int>(intOption(who, "warmup_iters", warmup_iters, 1));
+  o.rerecord_limit = static_cast<int>(intOption(who, "rerecord_limit", rerecord_limit, 0));
+  o.max_signatures = static_cast<int>(intOption(who, "max_recorded_shapes", max_signatures, min_signatures));
+  return o;
 }
 
-GraphedCallable::GraphedCallable(py::object fn, const std::vector<int64_t>& static_argnums,
-                                 int warmup_iters, int rerecord_limit, py::object module,
-                                 std::string name, int mode, std::string eager_reason,
-                                 int max_signatures)
+GraphedCallable::GraphedCallable(py::object fn, const GraphOptions& options, py::object module,
+                                 std::string name, FunctionMode mode, std::string eager_reason)
     : fn_(std::move(fn)),
       module_(std::move(module)),
       name_(std::move(name)),
-      warmup_iters_(warmup_iters),
-      rerecord_limit_(rerecord_limit),
-      mode_(static_cast<FunctionRecord::Mode>(mode)),
+      warmup_iters_(options.warmup_iters),
+      rerecord_limit_(options.rerecord_limit),
+      mode_(mode),
       eager_reason_(std::move(eager_reason)),
-      max_signatures_(max_signatures) {
-  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, "graphtrees: mode must be 0, 1 or 2, got ", mode);
-  TORCH_CHECK_VALUE(max_signatures >= 0, "graphtrees: max_signatures must be >= 0, got ",
-                    max_signatures);
-  TORCH_CHECK_VALUE(warmup_iters >= 1, "graphtrees.cudagraphify: warmup_iters must be >= 1, got ",
-                    warmup_iters);
-  TORCH_CHECK_VALUE(rerecord_limit >= 0,
-                    "graphtrees.cudagraphify: rerecord_limit must be >= 0, got ", rerecord_limit);
-  for (int64_t i : static_argnums) {
-    TORCH_CHECK_VALUE(i >= 0,
-                      "graphtrees.cudagraphify: static_argnums must be non-negative "
-                      "positions of positional arguments, got ",
-                      i);
+      max_signatures_(options.max_signatures) {
+  TORCH_CHECK_TYPE(PyCallable_Check(fn_.ptr()), "graphtrees.cudagraphify expects a callable, got ",
+                   py::str(py::type::of(fn_).attr("__name__")).cast<std::string>());
+  for (int64_t i : options.static_argnums) {
     if (static_cast<size_t>(i) >= static_args_.size()) static_args_.resize(i + 1, 0);
     static_args_[i] = 1;
   }
@@ -90,8 +107,7 @@ void GraphedCallable::evictLeastRecentlyUsed() {
   for (const auto& candidate : order) {
     Signature& victim = *signatures_.at(candidate.second);
     bool evicted = true;
-    if (auto tree = TreeManager::get(victim.device, false, nullptr)) {
-      auto lock = lockTree(*tree);
+    if (auto tree = TreeRegistry::acquire(victim.device, /*create=*/false)) {
       evicted = tree->evictFunction(
           victim.record.id, "'" + victim.record.name + "' is the least recently used of " +
                                 std::to_string(signatures_.size()) + " recorded signatures of '" +
@@ -141,10 +157,9 @@ std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const 
 
 py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwargs,
                                      const FlatArgs& flat, const std::string& reason) {
-  std::shared_ptr<TreeManager> tree;
-  if (!flat.tensors.empty()) tree = TreeManager::get(flat.tensors[0].device(), true, nullptr);
-  if (tree != nullptr) {
-    auto lock = lockTree(*tree);
+  TreeRegistry::Handle tree;
+  if (!flat.tensors.empty()) tree = TreeRegistry::acquire(flat.tensors[0].device(), true);
+  if (tree) {
     tree->noteFallback(unsupported_, reason);
   } else if (logged_reasons_.insert(reason).second) {
     logMessage(LogLevel::kWarning, "running '" + name_ + "' eagerly: " + reason);
@@ -155,7 +170,7 @@ py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwa
 py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs) {
   // A graphed function called while another one is being warmed up, recorded or replayed on this
   // thread is part of that run: it runs eagerly inside it.
-  if (TreeManager::inCall()) return fn_(*args, **kwargs);
+  if (inTreeCall()) return fn_(*args, **kwargs);
 
   FlatArgs flat;
   flattenArgs(args, kwargs, static_args_, &flat);
@@ -199,8 +214,7 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
     }
   }
   std::string why_not;
-  std::shared_ptr<TreeManager> tree = TreeManager::get(device, true, &why_not);
-  if (tree == nullptr) return fallback(args, kwargs, flat, why_not);
+  if (!TreeRegistry::acquire(device, true, &why_not)) return fallback(args, kwargs, flat, why_not);
 
   const std::shared_ptr<Signature> sig_holder = signatureFor(flat, device);
   Signature& sig = *sig_holder;
@@ -235,25 +249,13 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
     return outs;
   };
 
-  auto lock = lockTree(*tree);
   CallResult r;
+  TreeRegistry::Handle tree;
   try {
-    try {
-      r = tree->call(sig.record, flat.tensors, run);
-    } catch (const RestoreFailed& e) {
-      // Nothing ran yet: retire the tree and run the call on a fresh one.
-      lock.unlock();
-      TreeManager::retire(tree.get(), e.what());
-      tree = TreeManager::get(device, true, &why_not);
-      TORCH_CHECK(tree != nullptr, "graphtrees: no tree for ", device, ": ", why_not);
-      lock = lockTree(*tree);
-      r = tree->call(sig.record, flat.tensors, run);
-    }
+    tree = TreeRegistry::call(device, sig.record, flat.tensors, run, &r);
   } catch (py::error_already_set& e) {
     clearTracebackFrames(e);
     throw;
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(e.what_without_backtrace());
   }
   py::object out = (r.kind == RunKind::kEager || r.kind == RunKind::kWarmup)
                        ? std::move(result)

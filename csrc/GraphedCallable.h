@@ -17,17 +17,27 @@
 
 namespace graphtrees {
 
-// Locks a tree for this thread, releasing the GIL while waiting for another thread's call.
-std::unique_lock<std::recursive_mutex> lockTree(TreeManager& tree);
+// The options of a graphed callable, validated (validateOptions()).
+struct GraphOptions {
+  std::vector<int64_t> static_argnums;
+  int warmup_iters = 1;
+  int rerecord_limit = 8;
+  int max_signatures = 0;  // > 0 bounds the recorded signatures (LRU eviction past it)
+};
+
+// The one place where user-facing options are checked (cudagraphify and graphtrees.compile both
+// come here): ValueError naming `who` and the option. `max_signatures` is at least
+// `min_signatures` (0 means unbounded).
+GraphOptions validateOptions(const std::string& who, const py::handle& static_argnums,
+                             const py::handle& warmup_iters, const py::handle& rerecord_limit,
+                             const py::handle& max_signatures, int64_t min_signatures = 0);
 
 class GraphedCallable {
  public:
-  // `mode`: 0 inference, 1 forward, 2 backward (FunctionRecord::Mode). `eager_reason`, when not
-  // empty, makes every call run eagerly (a compile-time skip). `max_signatures` > 0 bounds the
-  // recorded signatures; past it the least recently used one is evicted from the tree.
-  GraphedCallable(py::object fn, const std::vector<int64_t>& static_argnums, int warmup_iters,
-                  int rerecord_limit, py::object module, std::string name, int mode,
-                  std::string eager_reason, int max_signatures);
+  // `mode`: what the function is in a training step. `eager_reason`, when not empty, makes every
+  // call run eagerly (a compile-time skip). TypeError if `fn` is not callable.
+  GraphedCallable(py::object fn, const GraphOptions& options, py::object module, std::string name,
+                  FunctionMode mode, std::string eager_reason);
 
   py::object call(const py::args& args, const py::kwargs& kwargs);
 
@@ -60,7 +70,7 @@ class GraphedCallable {
   std::vector<uint8_t> static_args_;
   int warmup_iters_;
   int rerecord_limit_;
-  FunctionRecord::Mode mode_;
+  FunctionMode mode_;
   std::string eager_reason_;
   int max_signatures_;
   uint64_t use_counter_ = 0;

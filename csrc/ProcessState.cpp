@@ -1,4 +1,4 @@
-#include "Hooks.h"
+#include "ProcessState.h"
 
 #include "Logging.h"
 
@@ -13,6 +13,19 @@ namespace graphtrees {
 namespace {
 
 std::array<std::atomic<int>, static_cast<size_t>(FailurePoint::kCount)> g_injected{};
+std::atomic<int64_t> g_step{0};
+std::atomic<uint64_t> g_epoch{1};
+thread_local int tls_call_depth = 0;
+std::atomic<bool> g_debug_checks{false};
+
+std::function<void()>& gcHook() {
+  static std::function<void()> hook;
+  return hook;
+}
+BlockingWaitHook& waitHook() {
+  static BlockingWaitHook hook;
+  return hook;
+}
 
 std::mutex& hookMutex() {
   static std::mutex m;
@@ -24,6 +37,54 @@ CaptureScopeHook& scopeHook() {
 }
 
 }  // namespace
+
+int64_t currentStep() {
+  return g_step.load();
+}
+void markStepBegin() {
+  g_step++;
+}
+uint64_t currentEpoch() {
+  return g_epoch.load();
+}
+void advanceEpoch() {
+  g_epoch++;
+}
+
+bool inTreeCall() {
+  return tls_call_depth > 0;
+}
+CallDepthGuard::CallDepthGuard() {
+  ++tls_call_depth;
+}
+CallDepthGuard::~CallDepthGuard() {
+  --tls_call_depth;
+}
+
+bool debugChecksEnabled() {
+  return g_debug_checks.load();
+}
+void setDebugChecks(bool on) {
+  g_debug_checks = on;
+}
+
+// The hooks are installed once at import and cleared at exit, with no call in flight.
+void setCollectGarbageHook(std::function<void()> hook) {
+  gcHook() = std::move(hook);
+}
+void collectGarbage() {
+  if (gcHook()) gcHook()();
+}
+void setBlockingWaitHook(BlockingWaitHook hook) {
+  waitHook() = std::move(hook);
+}
+void runBlocking(const std::function<void()>& wait) {
+  if (waitHook()) {
+    waitHook()(wait);
+  } else {
+    wait();
+  }
+}
 
 FailurePoint failurePointFromName(const std::string& name) {
   static const std::array<const char*, static_cast<size_t>(FailurePoint::kCount)> names = {

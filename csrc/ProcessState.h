@@ -1,14 +1,59 @@
 #pragma once
 
-// Process-wide hooks below the tree manager and the backends: failure injection for the tests
-// (every failure path of a recording, a checkpoint, a restore and a teardown can be driven on the
-// CPU backend) and the capture scope, which the Python layer fills in (the garbage collector is
-// paused during a capture, and host reads that ATen does not dispatch are watched).
+// Process-wide clocks and switches, below the tree manager and the backends: the step counter, the
+// epoch, the call depth, the debug-checks switch, the hooks the Python layer installs (garbage
+// collection, blocking waits, the capture scope) and failure injection for the tests (every
+// failure path of a recording, a checkpoint, a restore and a teardown can be driven on the CPU
+// backend).
+//
+// Note [Epochs, steps and generations]
+// Three counters order what happens, at three scopes:
+//   step        process-wide; mark_step_begin() (or torch.compiler.cudagraph_mark_step_begin())
+//               increments it. Each tree remembers the value it last saw: a different value at
+//               its next call ends its current path (Note [Ending a path]).
+//   generation  per tree: the index of its current path. Ending a path increments it. Every
+//               tracked output carries the generation it was produced in; "an output of this
+//               generation" is what makes an input managed and what keeps a path going.
+//   epoch       process-wide; incremented whenever the trees are reset or one is retired after
+//               a failed restore. A function record remembers the epoch it was last used in, and
+//               starts afresh (warmups, re-record counts) when it differs: its old tree is gone.
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
 namespace graphtrees {
+
+int64_t currentStep();
+void markStepBegin();
+uint64_t currentEpoch();
+void advanceEpoch();
+
+// True while the calling thread is inside a tree call (a nested wrapped call runs eagerly).
+bool inTreeCall();
+class CallDepthGuard {
+ public:
+  CallDepthGuard();
+  ~CallDepthGuard();
+  CallDepthGuard(const CallDepthGuard&) = delete;
+  CallDepthGuard& operator=(const CallDepthGuard&) = delete;
+};
+
+// When on, every call ends by checking the pool invariant (Note [Output ownership]); the tests
+// turn it on.
+bool debugChecksEnabled();
+void setDebugChecks(bool on);
+
+// Collects garbage cycles (Python's gc) when untracked pool allocations block a restore. Called
+// without any tree lock held; does nothing until the Python layer installs it.
+void setCollectGarbageHook(std::function<void()> hook);
+void collectGarbage();
+
+// Runs `wait` (a blocking lock acquisition) through the installed hook, which releases the GIL
+// around it; runs it directly if none is installed.
+using BlockingWaitHook = std::function<void(const std::function<void()>&)>;
+void setBlockingWaitHook(BlockingWaitHook hook);
+void runBlocking(const std::function<void()>& wait);
 
 // Where a failure can be injected. Each point fails the next `n` times it is reached.
 enum class FailurePoint : int {

@@ -1,19 +1,14 @@
 #include "TreeManager.h"
 
 #include "AutocastState.h"
-#include "Hooks.h"
 #include "Logging.h"
+#include "ProcessState.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
-#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
-#include <c10/util/UniqueVoidPtr.h>
 
 #include <algorithm>
-#include <atomic>
-#include <map>
-#include <sstream>
 
 namespace graphtrees {
 
@@ -26,43 +21,6 @@ constexpr int kMaxRunsPerGeneration = 16;
 // While a backward is pending, how often one callable may run on fresh inputs in one step (e.g.
 // micro-batches before their backward) before a new step is forced.
 constexpr int kMaxPendingRuns = 64;
-
-std::mutex& registryMutex() {
-  static std::mutex m;
-  return m;
-}
-std::map<std::string, std::shared_ptr<TreeManager>>& registry() {
-  static std::map<std::string, std::shared_ptr<TreeManager>> trees;
-  return trees;
-}
-std::vector<std::shared_ptr<TreeManager>>& retiredTrees() {
-  static std::vector<std::shared_ptr<TreeManager>> trees;
-  return trees;
-}
-std::map<std::string, int64_t>& retiredCounts() {
-  static std::map<std::string, int64_t> counts;
-  return counts;
-}
-// Bytes of pool memory that failed restores left unreachable until reset(), per device.
-std::map<std::string, int64_t>& leakedBytes() {
-  static std::map<std::string, int64_t> bytes;
-  return bytes;
-}
-std::atomic<int64_t> g_step{0};
-std::atomic<uint64_t> g_epoch{1};
-thread_local int tls_call_depth = 0;
-std::atomic<bool> g_debug_checks{false};
-
-std::function<void()>& gcHook() {
-  static std::function<void()> hook;
-  return hook;
-}
-
-class CallDepthGuard {
- public:
-  CallDepthGuard() { ++tls_call_depth; }
-  ~CallDepthGuard() { --tls_call_depth; }
-};
 
 // Routes this thread's allocations into the pool. end() ends the routing on the success path and
 // lets its errors (an asynchronous device error surfacing at the synchronisation) propagate; on
@@ -130,140 +88,27 @@ const char* kindName(RunKind k) {
   return "?";
 }
 
-std::string overwriteMessage(const std::string& producer, const std::string& by) {
-  return "graphtrees: this tensor was returned by a run of '" + producer +
-         "' and has been overwritten by a subsequent run (" + by +
-         "). Its memory belongs to graphtrees' pool, which later runs reuse. Call .clone() on "
-         "outputs you need to keep before running graphed functions again; "
-         "graphtrees.mark_step_begin() marks where a new step starts.";
-}
-
-c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
-                      c10::DataPtr(reinterpret_cast<void*>(ptr), device),
-                      /*allocator=*/nullptr, /*resizable=*/false);
-}
-
-std::string bytesString(int64_t n) {
-  std::ostringstream os;
-  if (n >= (1 << 20)) {
-    os.precision(1);
-    os << std::fixed << static_cast<double>(n) / (1 << 20) << " MiB";
-  } else if (n >= 1024) {
-    os.precision(1);
-    os << std::fixed << static_cast<double>(n) / 1024 << " KiB";
-  } else {
-    os << n << " B";
+// Version counters of the inputs a function must not mutate; inference tensors have none.
+std::vector<int64_t> versionsOf(const std::vector<at::Tensor>& tensors,
+                                const std::vector<int64_t>& which) {
+  std::vector<int64_t> v;
+  v.reserve(which.size());
+  for (int64_t i : which) {
+    const auto& t = tensors[i];
+    v.push_back(t.is_inference() ? -1 : static_cast<int64_t>(t._version()));
   }
-  return os.str();
+  return v;
+}
+
+std::string whereOf(const TreeNode* node) {
+  return node ? "node " + std::to_string(node->id()) : "the root";
 }
 
 }  // namespace
 
-// ---------------------------------------------------------------------------------------------
-// Registry
-
-std::shared_ptr<TreeManager> TreeManager::get(c10::Device device, bool create,
-                                              std::string* why_not) {
-  const std::string key = device.str();
-  std::shared_ptr<TreeManager> tree;
-  {
-    std::lock_guard<std::mutex> lock(registryMutex());
-    auto& trees = registry();
-    auto it = trees.find(key);
-    if (it != trees.end()) return it->second;
-    if (!create) return nullptr;
-    std::string reason;
-    auto backend = makeBackend(device, &reason);
-    if (!backend) {
-      if (why_not) *why_not = reason;
-      return nullptr;
-    }
-    tree = std::make_shared<TreeManager>(std::move(backend));
-    trees.emplace(key, tree);
-  }
-  // Logged outside the registry's lock: the log sink takes the GIL.
-  logMessage(LogLevel::kDebug,
-             "created the tree for " + key + " (backend " + tree->backend_->name() + ")");
-  return tree;
-}
-
-void TreeManager::resetAll() {
-  TORCH_CHECK(!inCall(),
-              "graphtrees.reset() (or torch._dynamo.reset()) was called from inside a graphed "
-              "function's run; call it between graphed calls.");
-  std::vector<std::shared_ptr<TreeManager>> trees;
-  {
-    std::lock_guard<std::mutex> lock(registryMutex());
-    for (auto& kv : registry()) trees.push_back(std::move(kv.second));
-    registry().clear();
-    for (auto& t : retiredTrees()) trees.push_back(std::move(t));
-    retiredTrees().clear();
-    retiredCounts().clear();
-    leakedBytes().clear();
-    g_epoch++;
-  }
-  // Trees nobody else holds are closed here, so that an error of their teardown (an asynchronous
-  // device error surfacing at the final synchronisation) reaches the caller. A tree that a call on
-  // another thread is using goes when that call ends (its destructor warns instead).
-  std::string error;
-  for (auto& tree : trees) {
-    if (tree.use_count() != 1) continue;
-    try {
-      tree->close();
-    } catch (const c10::Error& e) {
-      if (error.empty()) error = e.what_without_backtrace();
-    } catch (const std::exception& e) {
-      if (error.empty()) error = e.what();
-    }
-  }
-  trees.clear();
-  TORCH_CHECK(error.empty(), "graphtrees.reset(): every tree was freed, but ", error);
-}
-
-void TreeManager::retire(TreeManager* tree, const std::string& why) {
-  const std::string key = tree->device().str();
-  {
-    std::lock_guard<std::mutex> lock(registryMutex());
-    auto it = registry().find(key);
-    if (it == registry().end() || it->second.get() != tree) return;  // already retired
-    retiredTrees().push_back(std::move(it->second));
-    registry().erase(it);
-    retiredCounts()[key]++;
-    g_epoch++;  // function records start afresh (warmup included) in the new tree
-  }
-  logMessage(LogLevel::kWarning,
-             "restoring the pool of the " + key + " tree failed (" + why +
-                 "); recording into a fresh pool from now on. The old tree's recordings and "
-                 "outputs stay valid until graphtrees.reset().");
-}
-
-void TreeManager::failNextRestores(int n) {
-  injectFailure(FailurePoint::kRestore, n);
-}
-
-void TreeManager::markStepBegin() {
-  g_step++;
-}
-
-uint64_t TreeManager::epoch() {
-  return g_epoch.load();
-}
-
-bool TreeManager::inCall() {
-  return tls_call_depth > 0;
-}
-
-void TreeManager::setCollectGarbageHook(std::function<void()> hook) {
-  gcHook() = std::move(hook);
-}
-
-void TreeManager::setDebugChecks(bool on) {
-  g_debug_checks = on;
-}
-
 TreeManager::TreeManager(std::unique_ptr<Backend> backend)
-    : backend_(std::move(backend)), root_(-1, nullptr), seen_step_(g_step.load()) {}
+    : backend_(std::move(backend)), live_(*backend_), root_(-1, nullptr),
+      seen_step_(currentStep()) {}
 
 TreeManager::~TreeManager() {
   try {
@@ -278,117 +123,22 @@ void TreeManager::close() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (closed_) return;
   closed_ = true;
-  pinned_.clear();
-  for (auto& kv : live_) {
-    try {
-      invalidate(kv.second, "graphtrees.reset() freed the pool");
-    } catch (const std::exception& e) {
-      logMessage(LogLevel::kWarning, std::string("reset: ") + e.what());
-    }
-  }
-  live_.clear();
-  slot_of_.clear();
+  pinned_by_node_.clear();
+  pinned_by_warmup_function_.clear();
+  live_.invalidateAll("graphtrees.reset() freed the pool");
   path_.clear();
   current_ = nullptr;
-  root_.clearChildren();   // graphs first: they may hold references to the pool
+  root_.clearChildren();    // graphs first: they may hold references to the pool
   backend_->releasePool();  // may throw, after the pool is released
 }
 
-// ---------------------------------------------------------------------------------------------
-// Bookkeeping helpers
-
 void TreeManager::resetFunctionIfStale(FunctionRecord& fn) {
-  const uint64_t e = epoch();
+  const uint64_t e = currentEpoch();
   if (fn.epoch == e) return;
   fn.epoch = e;
   fn.warmups = 0;
   fn.rerecords = 0;
   if (fn.callable->epoch != e) *fn.callable = CallableState{e, -1, 0};
-}
-
-bool TreeManager::ownsPoolBlock(const c10::StorageImpl& storage) const {
-  return storage.data_ptr().get_deleter() == backend_->poolDeleter();
-}
-
-bool TreeManager::disown(c10::StorageImpl& storage) const {
-  if (!ownsPoolBlock(storage)) return false;
-  const bool swapped = storage.mutable_data_ptr().compare_exchange_deleter(
-      backend_->poolDeleter(), &c10::detail::deleteNothing);
-  TORCH_INTERNAL_ASSERT(swapped, "expected the pool's deleter");
-  return true;
-}
-
-void TreeManager::trackStorage(const c10::Storage& storage, int64_t slot, TreeNode* node,
-                               const FunctionRecord& fn) {
-  Tracked t;
-  t.weak = storage.getWeakStorageImpl();
-  t.ptr = reinterpret_cast<uintptr_t>(storage.data());
-  t.nbytes = storage.nbytes();
-  t.generation = generation_;
-  t.node = node;
-  t.producer = fn.name;
-  t.migrate = fn.mode == FunctionRecord::Mode::kBackward;
-  auto old = live_.find(slot);
-  if (old != live_.end()) eraseEntry(old);
-  live_.emplace(slot, std::move(t));
-  slot_of_[storage.unsafeGetStorageImpl()] = slot;
-  generation_slots_.push_back(slot);
-}
-
-TreeManager::LiveMap::iterator TreeManager::eraseEntry(LiveMap::iterator it) {
-  slot_of_.erase(it->second.weak._unsafe_get_target());
-  return live_.erase(it);
-}
-
-bool TreeManager::gone(const Tracked& entry) {
-  auto strong = entry.weak.lock();
-  return !strong || strong->data_ptr().get() != reinterpret_cast<void*>(entry.ptr);
-}
-
-void TreeManager::pruneDead() {
-  for (auto it = live_.begin(); it != live_.end();) {
-    it = gone(it->second) ? eraseEntry(it) : std::next(it);
-  }
-}
-
-void TreeManager::migrate(const Tracked& entry) {
-  auto strong = entry.weak.lock();
-  const c10::Device device = backend_->device();
-  c10::DataPtr fresh = c10::GetAllocator(device.type())->allocate(entry.nbytes);
-  TensorMeta bytes;
-  bytes.sizes = {static_cast<int64_t>(entry.nbytes)};
-  bytes.strides = {1};
-  bytes.dtype = c10::ScalarType::Byte;
-  bytes.device = device;
-  makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(fresh.get()), entry.nbytes, device),
-             bytes)
-      .copy_(makeTensor(nonOwningStorage(entry.ptr, entry.nbytes, device), bytes));
-  if (disown(*strong)) backend_->freeBlock(reinterpret_cast<void*>(entry.ptr));
-  strong->set_data_ptr_noswap(std::move(fresh));
-  num_migrations_++;
-}
-
-void TreeManager::invalidate(const Tracked& entry, const std::string& by) {
-  auto strong = entry.weak.lock();
-  if (!strong || gone(entry)) return;  // dead, or moved out of the pool: nothing to overwrite
-  if (entry.migrate && entry.nbytes > 0) {
-    migrate(entry);  // a gradient someone still holds (e.g. as .grad): keep its value
-    return;
-  }
-  if (disown(*strong)) backend_->freeBlock(reinterpret_cast<void*>(entry.ptr));
-  strong->release_data_and_set_meta_custom_data_ptr_error_msg_(
-      overwriteMessage(entry.producer, by));
-  num_invalidations_++;
-}
-
-bool TreeManager::allGenerationOutputsDead() {
-  for (int64_t slot : generation_slots_) {
-    auto it = live_.find(slot);
-    if (it != live_.end() && it->second.generation == generation_ && !it->second.weak.expired()) {
-      return false;
-    }
-  }
-  return true;
 }
 
 void TreeManager::noteGenerationRun(FunctionRecord& fn) {
@@ -410,22 +160,15 @@ void TreeManager::noteGenerationRun(FunctionRecord& fn) {
 // Replayed outputs own nothing; they stay valid until a later replay or restore really reuses their
 // memory (see replay() and restoreCheckpoint()).
 void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>& spare) {
-  pinned_.clear();
+  pinned_by_node_.clear();
+  pinned_by_warmup_function_.clear();
   std::unordered_set<const c10::StorageImpl*> spared;
   for (const auto& t : spare) spared.insert(t.storage().unsafeGetStorageImpl());
-  for (auto it = live_.begin(); it != live_.end();) {
-    auto strong = it->second.weak.lock();
-    if (gone(it->second)) {
-      it = eraseEntry(it);
-      continue;
-    }
-    if (ownsPoolBlock(*strong) && !spared.count(strong.get())) {
-      invalidate(it->second, "a new step began: " + why);
-      it = eraseEntry(it);
-    } else {
-      ++it;
-    }
-  }
+  live_.invalidateIf(
+      [&](int64_t, const LiveOutput&, const c10::StorageImpl& storage) {
+        return live_.ownsPoolBlock(storage) && !spared.count(&storage);
+      },
+      "a new step began: " + why);
   if (current_ != nullptr || state_ != PathState::kNone) {
     logMessage(LogLevel::kDebug, "path ended: " + why);
   }
@@ -434,43 +177,38 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
   state_ = PathState::kNone;
   pending_forwards_ = 0;
   generation_++;
-  generation_slots_.clear();
+  live_.startGeneration();
 }
 
 // Before anything allocates in the pool after replays, the pool's bookkeeping must describe the
 // memory that live outputs occupy. See Note [Checkpointing].
 void TreeManager::prepareToAllocate(std::vector<at::Tensor>* inputs,
                                     const std::vector<uint8_t>& is_static) {
-  if (!dirty_) return;
+  if (!bookkeeping_stale_) return;
   if (current_ != nullptr) {
     restoreCheckpoint(current_, inputs, is_static);
     return;
   }
-  pruneDead();
   // The path ended after replays. Blocks that live outputs own are allocated in the pool; replayed
   // outputs own nothing, so the allocator may hand their memory out again: they are invalidated.
-  std::unordered_set<int64_t> at_risk;
-  for (auto& kv : live_) {
-    auto strong = kv.second.weak.lock();
-    if (strong && !ownsPoolBlock(*strong)) at_risk.insert(kv.first);
-  }
+  const auto at_risk = live_.slotsWhere([&](const LiveOutput&, const c10::StorageImpl& storage) {
+    return !live_.ownsPoolBlock(storage);
+  });
   cloneInputsAtRisk(inputs, is_static, at_risk);
-  for (int64_t slot : at_risk) {
-    auto it = live_.find(slot);
-    invalidate(it->second, "a new recording or warmup reuses its memory");
-    eraseEntry(it);
-  }
-  dirty_ = false;
+  live_.invalidateIf([&](int64_t slot, const LiveOutput&,
+                         const c10::StorageImpl&) { return at_risk.count(slot) > 0; },
+                     "a new recording or warmup reuses its memory");
+  bookkeeping_stale_ = false;
 }
 
 void TreeManager::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
                                     const std::vector<uint8_t>& is_static,
-                                    const std::unordered_set<int64_t>& slots_at_risk) {
+                                    const std::unordered_set<int64_t>& slots_at_risk) const {
   if (slots_at_risk.empty()) return;
   for (size_t i = 0; i < inputs->size(); ++i) {
     at::Tensor& t = (*inputs)[i];
-    auto it = slot_of_.find(t.storage().unsafeGetStorageImpl());
-    if (it == slot_of_.end() || !slots_at_risk.count(it->second)) continue;
+    const int64_t slot = live_.slotOf(t.storage().unsafeGetStorageImpl());
+    if (slot < 0 || !slots_at_risk.count(slot)) continue;
     // A static input is used at its address, so a copy cannot stand in for it.
     TORCH_CHECK(!is_static[i], "graphtrees: static input ", i,
                 " is an output of an earlier graphed run whose pool memory the next run reuses. "
@@ -504,19 +242,11 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
   if (node->checkpoint_ == nullptr) {  // not expected: nodes are published with a checkpoint
     throw RestoreFailed("node " + std::to_string(node->id()) + " has no checkpoint");
   }
-  pruneDead();
-  auto owningPtrs = [this] {
-    std::unordered_set<void*> owning;
-    for (auto& kv : live_) {
-      auto strong = kv.second.weak.lock();
-      if (strong && ownsPoolBlock(*strong)) owning.insert(reinterpret_cast<void*>(kv.second.ptr));
-    }
-    return owning;
-  };
-  if (!backend_->checkLiveAllocations(owningPtrs())) {
-    if (gcHook()) gcHook()();
-    pruneDead();
-    const auto owning = owningPtrs();
+  live_.pruneGone();
+  if (!backend_->checkLiveAllocations(live_.owningBlocks())) {
+    collectGarbage();  // dead cycles may hold pool tensors
+    live_.pruneGone();
+    const auto owning = live_.owningBlocks();
     if (!backend_->checkLiveAllocations(owning)) {
       int64_t extra = 0;
       for (void* p : backend_->allocatedBlocks()) extra += owning.count(p) ? 0 : 1;
@@ -529,22 +259,18 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
                   "it as a buffer before the first call, or return it.");
     }
   }
-  std::unordered_set<int64_t> at_risk;
-  for (auto& kv : live_) {
-    if (!std::binary_search(node->checkpoint_live_slots_.begin(),
-                            node->checkpoint_live_slots_.end(), kv.first)) {
-      at_risk.insert(kv.first);
+  const auto& protected_slots = node->checkpoint_live_slots_;
+  std::unordered_set<int64_t> unprotected;
+  for (int64_t slot : live_.liveSlots()) {
+    if (!std::binary_search(protected_slots.begin(), protected_slots.end(), slot)) {
+      unprotected.insert(slot);
     }
   }
-  cloneInputsAtRisk(inputs, is_static, at_risk);
-  std::vector<c10::intrusive_ptr<c10::StorageImpl>> disowned;
-  for (auto& kv : live_) {
-    auto strong = kv.second.weak.lock();
-    if (strong && disown(*strong)) disowned.push_back(std::move(strong));
-  }
-  RestoreResult delta;
+  cloneInputsAtRisk(inputs, is_static, unprotected);
+  auto disowned = live_.disownAll();
+  RestoreResult restored;
   try {
-    delta = backend_->restore(*node->checkpoint_);
+    restored = backend_->restore(*node->checkpoint_);
   } catch (const RestoreError& e) {
     // Note [Failed restores]
     // A restore that failed before it changed the pool (the CPU pool's restore is all or
@@ -552,23 +278,15 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
     // back, and nothing leaks. One that failed half-way (c10's setCheckpointPoolState frees every
     // block, then re-creates the checkpoint's layout) leaves blocks that no DataPtr will ever
     // free: the outputs stay disowned (their memory stays readable, since a retired pool never
-    // allocates again), and the bytes are reported as leaked until reset().
+    // allocates again), and every block still allocated is counted as leaked until reset().
     if (e.poolUnchanged()) {
-      for (auto& storage : disowned) {
-        storage->mutable_data_ptr().compare_exchange_deleter(&c10::detail::deleteNothing,
-                                                             backend_->poolDeleter());
-      }
+      live_.reown(disowned);
     } else {
-      // Every block still allocated in the pool is out of reach now: disowned outputs free
-      // nothing, and the blocks the restore re-created were never handed out.
-      int64_t bytes = 0;
       try {
-        bytes = backend_->stats().allocated_bytes;
+        leaked_bytes_ += backend_->stats().allocated_bytes;
       } catch (const std::exception&) {
-        bytes = -1;  // unknown
+        // The count stays a lower bound.
       }
-      std::lock_guard<std::mutex> lock(registryMutex());
-      if (bytes > 0) leakedBytes()[backend_->device().str()] += bytes;
     }
     throw RestoreFailed(std::string("restoring the pool: ") + e.what() +
                         (e.poolUnchanged() ? " (the pool was left unchanged)"
@@ -576,54 +294,25 @@ void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inp
                                              "not reused until graphtrees.reset())"));
   }
   disowned.clear();
-  std::unordered_map<uintptr_t, c10::DataPtr*> by_ptr;
-  for (auto& dp : delta.dataptrs_allocd) by_ptr[reinterpret_cast<uintptr_t>(dp.get())] = &dp;
-  for (auto it = live_.begin(); it != live_.end();) {
-    auto strong = it->second.weak.lock();
-    if (!strong) {
-      it = eraseEntry(it);
-      continue;
-    }
-    if (at_risk.count(it->first)) {
-      invalidate(it->second,
-                 "the pool was restored for a new run of the tree and reuses its memory");
-      it = eraseEntry(it);
-      continue;
-    }
-    auto found = by_ptr.find(it->second.ptr);
-    if (found == by_ptr.end()) {  // not expected: be safe rather than hand out a wrong block
-      invalidate(it->second, "its block was missing from the restored checkpoint");
-      it = eraseEntry(it);
-      continue;
-    }
-    strong->set_data_ptr_noswap(std::move(*found->second));
-    by_ptr.erase(found);
-    ++it;
-  }
-  // DataPtrs left in `delta` belong to blocks whose tensors died: dropping them frees the blocks.
+  live_.adopt(&restored, unprotected);
   num_checkpoints_++;
-  dirty_ = false;
+  bookkeeping_stale_ = false;
   logMessage(LogLevel::kDebug, "restored the pool to the checkpoint of node " +
                                    std::to_string(node->id()) + " ('" + node->function_name_ +
                                    "'); checkpoints so far: " + std::to_string(num_checkpoints_));
 }
 
-bool TreeManager::deadBeforeHolds(const TreeNode& node) {
-  for (int64_t slot : node.dead_before_) {
-    auto it = live_.find(slot);
-    if (it != live_.end() && it->second.generation == generation_ && !it->second.weak.expired()) {
-      return false;
-    }
-  }
-  return true;
+bool TreeManager::mustStayDeadHolds(const TreeNode& node) const {
+  return std::none_of(node.must_stay_dead_.begin(), node.must_stay_dead_.end(),
+                      [&](int64_t slot) { return live_.liveInGeneration(slot, generation_); });
 }
 
 // ---------------------------------------------------------------------------------------------
 // The call
 
-TreeManager::Classified TreeManager::classify(const FunctionRecord& fn,
-                                              const std::vector<at::Tensor>& inputs) {
-  Classified c;
+TreeManager::CallKey TreeManager::keyOf(const FunctionRecord& fn,
+                                        const std::vector<at::Tensor>& inputs) const {
+  CallKey c;
   c.kinds.resize(inputs.size(), InputKind::kCopied);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
@@ -632,12 +321,10 @@ TreeManager::Classified TreeManager::classify(const FunctionRecord& fn,
       c.key_ptrs.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
       continue;
     }
-    auto it = slot_of_.find(t.storage().unsafeGetStorageImpl());
-    if (it == slot_of_.end()) continue;
-    const Tracked& e = live_.at(it->second);
-    if (e.generation != generation_) continue;
+    const LiveOutput* e = live_.find(t.storage().unsafeGetStorageImpl());
+    if (e == nullptr || e->generation != generation_) continue;
     c.consumes_generation_output = true;
-    if (e.node != nullptr) {
+    if (e->node != nullptr) {
       c.kinds[i] = InputKind::kManaged;
       c.key_ptrs.push_back(static_cast<uintptr_t>(i));
       c.key_ptrs.push_back(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
@@ -647,44 +334,21 @@ TreeManager::Classified TreeManager::classify(const FunctionRecord& fn,
   return c;
 }
 
-TreeNode* TreeManager::findChild(const FunctionRecord& fn, const Classified& cls,
-                                 std::string* mismatch) {
-  TreeNode* parent = current_ != nullptr ? current_ : &root_;
-  if (const auto* candidates = parent->childrenFor(cls.key_hash)) {
+TreeNode* TreeManager::findChild(const FunctionRecord& fn, const CallKey& key,
+                                 std::string* mismatch) const {
+  const TreeNode* parent = current_ != nullptr ? current_ : &root_;
+  if (const auto* candidates = parent->childrenFor(key.key_hash)) {
     for (TreeNode* c : *candidates) {
-      if (!c->keyEquals(fn.id, cls.key_ptrs)) continue;
-      if (deadBeforeHolds(*c)) return c;
+      if (!c->keyEquals(fn.id, key.key_ptrs)) continue;
+      if (mustStayDeadHolds(*c)) return c;
       *mismatch = "an output of an earlier call in this step that was dead when node " +
                   std::to_string(c->id()) + " was recorded is alive now";
     }
   }
-  if (mismatch->empty()) {
-    // Explain why no recording of this function under this parent matches (rare path).
-    for (const auto& c : parent->ownedChildren()) {
-      if (c->function_id_ != fn.id) continue;
-      size_t k = 0;
-      for (size_t i = 0; i < cls.kinds.size() && mismatch->empty(); ++i) {
-        const InputKind then = c->input_kinds_[i];
-        if (then != cls.kinds[i]) {
-          *mismatch = "input " + std::to_string(i) +
-                      (then == InputKind::kManaged ? " was an output of the previous call when "
-                                                     "recorded and is not now"
-                                                   : " is an output of the previous call now");
-        } else if (then == InputKind::kStatic) {
-          if (c->key_ptrs_[k] != cls.key_ptrs[k]) {
-            *mismatch = "static input " + std::to_string(i) + " changed address";
-          }
-          k += 1;
-        } else if (then == InputKind::kManaged) {
-          if (c->key_ptrs_[k + 1] != cls.key_ptrs[k + 1]) {
-            *mismatch =
-                "input " + std::to_string(i) + " (an output of an earlier call) changed address";
-          }
-          k += 2;
-        }
-      }
-      if (!mismatch->empty()) break;
-    }
+  // Explain why no recording of this function under this parent matches (rare path).
+  for (const auto& c : parent->ownedChildren()) {
+    if (!mismatch->empty()) break;
+    if (c->function_id_ == fn.id) *mismatch = c->whyKeyDiffers(key.kinds, key.key_ptrs);
   }
   return nullptr;
 }
@@ -713,20 +377,20 @@ CallResult TreeManager::call(FunctionRecord& fn, const std::vector<at::Tensor>& 
 // each backward output until the node runs again or the step ends, so autograd copies gradients
 // into .grad, as it does for any gradient it cannot steal.
 void TreeManager::finishRun(FunctionRecord& fn, const CallResult& result) {
-  if (fn.mode == FunctionRecord::Mode::kForward) {
+  if (fn.mode == FunctionMode::kForward) {
     pending_forwards_++;
-  } else if (fn.mode == FunctionRecord::Mode::kBackward) {
+  } else if (fn.mode == FunctionMode::kBackward) {
     pending_forwards_ = std::max<int64_t>(0, pending_forwards_ - 1);
     if (result.kind == RunKind::kWarmup) {
-      pinned_[-fn.id - 1] = result.outputs;
+      pinned_by_warmup_function_[fn.id] = result.outputs;
     } else if (result.kind != RunKind::kEager && current_ != nullptr) {
-      pinned_[current_->id()] = result.outputs;
+      pinned_by_node_[current_->id()] = result.outputs;
     }
   }
 }
 
 void TreeManager::debugCheck(const FunctionRecord& fn, RunKind kind) {
-  if (!g_debug_checks.load()) return;
+  if (!debugChecksEnabled()) return;
   std::string why;
   TORCH_INTERNAL_ASSERT(checkPoolInvariants(&why), "graphtrees pool invariant broken after a ",
                         kindName(kind), " of '", fn.name, "': ", why);
@@ -738,22 +402,21 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
   resetFunctionIfStale(fn);
   if (!fn.eager_reason.empty()) return runEager(fn, inputs, run, fn.eager_reason);
 
-  const int64_t step = g_step.load();
+  const int64_t step = currentStep();
   if (step != seen_step_) {
     seen_step_ = step;
     endPath("graphtrees.mark_step_begin() was called", inputs);
   }
   if ((state_ == PathState::kWarmup || state_ == PathState::kRecording) &&
-      allGenerationOutputsDead()) {
+      !live_.anyLiveInGeneration(generation_)) {
     endPath("every output of the current path is dead", inputs);
   }
-  Classified cls = classify(fn, inputs);
+  CallKey key = keyOf(fn, inputs);
   const CallableState& callable = *fn.callable;
   if (callable.last_generation == generation_) {
-    const bool fresh = !cls.consumes_generation_output;
-    const bool pending = pending_forwards_ > 0;
+    const bool fresh = !key.consumes_generation_output;
     bool new_step = false;
-    if (pending) {
+    if (pending_forwards_ > 0) {
       // A forward waits for its backward: extend the path (micro-batches, pipelines), up to a
       // bound for forwards whose backward never comes.
       if (fresh && callable.runs_in_generation >= kMaxPendingRuns) {
@@ -773,20 +436,20 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     }
     if (new_step) {
       endPath("'" + fn.name + "' was called again", inputs);
-      cls = classify(fn, inputs);
+      key = keyOf(fn, inputs);
     }
   }
   if (state_ == PathState::kWarmup || fn.warmups < fn.warmup_iters) {
     return warmup(fn, inputs, run);
   }
   std::string mismatch;
-  TreeNode* node = findChild(fn, cls, &mismatch);
+  TreeNode* node = findChild(fn, key, &mismatch);
   if (node == nullptr && current_ != nullptr && root_functions_.count(fn.id) &&
-      allGenerationOutputsDead()) {
+      !live_.anyLiveInGeneration(generation_)) {
     endPath("every output of the current path is dead", inputs);
-    cls = classify(fn, inputs);
+    key = keyOf(fn, inputs);
     mismatch.clear();
-    node = findChild(fn, cls, &mismatch);
+    node = findChild(fn, key, &mismatch);
   }
   if (node != nullptr) return replay(*node, fn, inputs, run);
 
@@ -800,13 +463,12 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
                         "), last because " + mismatch;
       return runEager(fn, inputs, run, fn.eager_reason);
     }
-    logMessage(LogLevel::kInfo,
-               "re-recording '" + fn.name + "' under " +
-                   (current_ ? "node " + std::to_string(current_->id()) : "the root") +
-                   " because " + mismatch + " (re-record " + std::to_string(fn.rerecords + 1) +
-                   " of at most " + std::to_string(fn.rerecord_limit) + ")");
+    logMessage(LogLevel::kInfo, "re-recording '" + fn.name + "' under " + whereOf(current_) +
+                                    " because " + mismatch + " (re-record " +
+                                    std::to_string(fn.rerecords + 1) + " of at most " +
+                                    std::to_string(fn.rerecord_limit) + ")");
   }
-  CallResult result = record(fn, inputs, run, cls);
+  CallResult result = record(fn, inputs, run, key);
   if (rerecord && result.kind == RunKind::kRecord) {  // counted once it succeeded
     fn.rerecords++;
     num_rerecords_++;
@@ -816,15 +478,9 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
 
 void TreeManager::removeNode(TreeNode* node, const std::string& why) {
   while (!node->ownedChildren().empty()) removeNode(node->ownedChildren().back().get(), why);
-  pinned_.erase(node->id());
-  for (auto it = live_.begin(); it != live_.end();) {
-    if (it->second.node == node) {
-      invalidate(it->second, why);
-      it = eraseEntry(it);
-    } else {
-      ++it;
-    }
-  }
+  pinned_by_node_.erase(node->id());
+  live_.invalidateIf(
+      [&](int64_t, const LiveOutput& e, const c10::StorageImpl&) { return e.node == node; }, why);
   TreeNode* parent = node->parent() != nullptr ? node->parent() : &root_;
   num_nodes_--;
   parent->removeChild(node);  // destroys node
@@ -858,7 +514,7 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
     logMessage(LogLevel::kInfo, "evicted node " + std::to_string(id) + " ('" + name + "'): " + why);
   }
   root_functions_.erase(function_id);
-  pinned_.erase(-function_id - 1);
+  pinned_by_warmup_function_.erase(function_id);
   num_evictions_++;
   return true;
 }
@@ -877,27 +533,13 @@ CallResult TreeManager::runEager(FunctionRecord& fn, const std::vector<at::Tenso
   return {run(inputs), RunKind::kEager};
 }
 
-namespace {
-// Version counters of the inputs a function must not mutate; inference tensors have none.
-std::vector<int64_t> versionsOf(const std::vector<at::Tensor>& tensors,
-                                const std::vector<int64_t>& which) {
-  std::vector<int64_t> v;
-  v.reserve(which.size());
-  for (int64_t i : which) {
-    const auto& t = tensors[i];
-    v.push_back(t.is_inference() ? -1 : static_cast<int64_t>(t._version()));
-  }
-  return v;
-}
-}  // namespace
-
 CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                                const RunFn& run) {
   std::vector<at::Tensor> ins = inputs;
   prepareToAllocate(&ins, fn.is_static);
   std::vector<int64_t> unmanaged;
   for (size_t i = 0; i < ins.size(); ++i) {
-    if (!fn.is_static[i] && !slot_of_.count(ins[i].storage().unsafeGetStorageImpl())) {
+    if (!fn.is_static[i] && !live_.contains(ins[i].storage().unsafeGetStorageImpl())) {
       unmanaged.push_back(static_cast<int64_t>(i));
     }
   }
@@ -923,9 +565,10 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   for (const auto& t : ins) input_storages.insert(t.storage().unsafeGetStorageImpl());
   for (const auto& t : outs) {
     const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-    if (input_storages.count(impl) || slot_of_.count(impl) || impl->nbytes() == 0) continue;
+    if (input_storages.count(impl) || live_.contains(impl) || impl->nbytes() == 0) continue;
     if (!backend_->inPool(impl->data())) continue;
-    trackStorage(t.storage(), next_slot_id_++, nullptr, fn);
+    live_.track(t.storage(), live_.newSlot(), nullptr, fn.name,
+                fn.mode == FunctionMode::kBackward, generation_);
   }
   fn.warmups++;
   num_warmups_++;
@@ -937,143 +580,63 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
 }
 
 CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
-                               const RunFn& run, const Classified& cls) {
+                               const RunFn& run, const CallKey& key) {
   std::vector<at::Tensor> ins = inputs;
   prepareToAllocate(&ins, fn.is_static);
-  pruneDead();
-  const c10::Device device = backend_->device();
+  live_.pruneGone();
 
-  // Placeholders for copied inputs, allocated in the pool (outside the capture).
-  std::vector<at::Tensor> run_inputs = ins;
-  std::vector<int64_t> copied;
-  std::vector<uint8_t> dense(ins.size(), 1);
+  Recording rec;
+  rec.function_id = fn.id;
+  rec.function_name = fn.name;
+  rec.input_kinds = key.kinds;
+  rec.key_ptrs = key.key_ptrs;
+  rec.key_hash = key.key_hash;
+  rec.graph_device = backend_->device();
+  rec.inputs = ins;
+  rec.dense.assign(ins.size(), 1);
   {
+    // Placeholders for copied inputs, allocated in the pool (outside the capture).
     PoolRoutingGuard routing(*backend_);
     for (size_t i = 0; i < ins.size(); ++i) {
-      if (cls.kinds[i] != InputKind::kCopied) continue;
+      if (key.kinds[i] != InputKind::kCopied) continue;
       const at::Tensor& src = ins[i];
-      dense[i] = src.is_non_overlapping_and_dense() ? 1 : 0;
-      at::Tensor ph = dense[i] ? at::empty_strided(src.sizes(), src.strides(), src.options())
-                               : at::empty(src.sizes(), src.options());
+      rec.dense[i] = src.is_non_overlapping_and_dense() ? 1 : 0;
+      at::Tensor ph = rec.dense[i] ? at::empty_strided(src.sizes(), src.strides(), src.options())
+                                   : at::empty(src.sizes(), src.options());
       ph.copy_(src);
-      run_inputs[i] = std::move(ph);
-      copied.push_back(static_cast<int64_t>(i));
+      rec.inputs[i] = std::move(ph);
+      rec.copied.push_back(static_cast<int64_t>(i));
     }
     routing.end();
   }
-  const auto before = versionsOf(run_inputs, copied);
-
-  std::vector<at::Tensor> outs;
-  std::unique_ptr<Graph> graph;
+  const auto before = versionsOf(rec.inputs, rec.copied);
   try {
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
-    graph = backend_->capture(run, run_inputs, &outs, fn.name);
+    rec.graph = backend_->capture(run, rec.inputs, &rec.outputs, fn.name);
   } catch (const CaptureRejected& e) {
     // The backend undid the capture; the tree is as it was. See Note [Rejected captures].
-    outs.clear();
-    run_inputs.clear();
     fn.eager_reason = std::string("it cannot be recorded as a graph: ") + e.what();
     return runEager(fn, inputs, run, fn.eager_reason);
   }
-
-  const auto after = versionsOf(run_inputs, copied);
-  for (size_t k = 0; k < copied.size(); ++k) {
+  const auto after = versionsOf(rec.inputs, rec.copied);
+  for (size_t k = 0; k < rec.copied.size(); ++k) {
     if (before[k] != after[k]) {
-      fn.eager_reason = "it mutates its input tensor #" + std::to_string(copied[k]) +
+      fn.eager_reason = "it mutates its input tensor #" + std::to_string(rec.copied[k]) +
                         " in place; a graph would mutate a private copy instead";
-      outs.clear();
-      graph.reset();
       return runEager(fn, inputs, run, fn.eager_reason);
     }
   }
-
-  auto node = std::make_unique<TreeNode>(next_node_id_, current_);
-  node->function_id_ = fn.id;
-  node->function_name_ = fn.name;
-  node->input_kinds_ = cls.kinds;
-  node->key_ptrs_ = cls.key_ptrs;
-  node->key_hash_ = cls.key_hash;
-  node->copied_inputs_ = copied;
-  node->footprint_ = graph->footprint();
-  for (int64_t i : copied) {
-    const auto& ph = run_inputs[i];
-    const auto begin = reinterpret_cast<uintptr_t>(ph.storage().data());
-    node->footprint_.push_back({begin, begin + ph.storage().nbytes()});
-  }
-  mergeIntervals(&node->footprint_);
-
-  // Classify the outputs.
-  std::unordered_map<const c10::StorageImpl*, int64_t> input_of;
-  for (size_t i = 0; i < run_inputs.size(); ++i) {
-    input_of.emplace(run_inputs[i].storage().unsafeGetStorageImpl(), static_cast<int64_t>(i));
-  }
-  std::unordered_map<const c10::StorageImpl*, int64_t> slot_index;
   std::vector<c10::Storage> slot_storages;
-  for (const auto& o : outs) {
-    TORCH_CHECK(o.device() == device, "graphtrees: '", fn.name, "' returned a tensor on ",
-                o.device(), " while its graph runs on ", device,
-                "; every tensor output of a graphed function must be on the graph's device.");
-    OutputInfo info;
-    info.meta = metaOf(o);
-    c10::StorageImpl* impl = o.storage().unsafeGetStorageImpl();
-    const auto data = reinterpret_cast<uintptr_t>(impl->data());
-    const size_t nbytes = impl->nbytes();
-    auto in = input_of.find(impl);
-    auto known = slot_index.find(impl);
-    if (nbytes == 0 || data == 0) {
-      info.kind = OutputKind::kEmpty;
-    } else if (in != input_of.end() &&
-               !(cls.kinds[in->second] == InputKind::kCopied && !dense[in->second])) {
-      // Keeps eager's aliasing: the output is a view of the caller's own input.
-      info.kind = OutputKind::kInputAlias;
-      info.index = in->second;
-      const auto& src = run_inputs[in->second];
-      info.byte_delta = o.storage_offset() * static_cast<int64_t>(o.itemsize()) -
-                        src.storage_offset() * static_cast<int64_t>(src.itemsize());
-    } else if (known != slot_index.end()) {
-      info.kind = OutputKind::kPool;
-      info.index = known->second;
-    } else if (node->overlapsFootprint(data, data + nbytes)) {
-      info.kind = OutputKind::kPool;
-      info.index = static_cast<int64_t>(node->slots_.size());
-      slot_index.emplace(impl, info.index);
-      node->slots_.push_back({next_slot_id_++, data, nbytes});
-      slot_storages.push_back(o.storage());
-    } else {
-      TORCH_CHECK(!slot_of_.count(impl), "graphtrees: '", fn.name,
-                  "' returned a tensor produced by an earlier graphed call that was not passed "
-                  "to it as an argument. Pass that tensor as an argument instead of capturing it.");
-      info.kind = OutputKind::kConstant;
-      info.index = static_cast<int64_t>(node->constants_.size());
-      node->constants_.push_back(o.storage());
-    }
-    node->outputs_.push_back(std::move(info));
-  }
-
+  auto node = TreeNode::fromRecording(
+      next_node_id_, current_, std::move(rec), [this] { return live_.newSlot(); },
+      [this](const c10::StorageImpl* s) { return live_.contains(s); }, &slot_storages);
   // Ancestor outputs that are dead now: a later replay is valid only while they stay dead.
   for (TreeNode* p : path_) {
     for (const auto& s : p->slots_) {
-      auto it = live_.find(s.id);
-      if (it == live_.end() || it->second.generation != generation_ || it->second.weak.expired()) {
-        node->dead_before_.push_back(s.id);
-      }
+      if (!live_.liveInGeneration(s.id, generation_)) node->must_stay_dead_.push_back(s.id);
     }
   }
-
-  // Placeholders become non-owning views: their blocks are free for descendants once this
-  // recording is done (unless an output keeps them), and a replay copies into the same address.
-  for (int64_t i : copied) {
-    const auto& ph = run_inputs[i];
-    node->placeholders_.push_back(
-        makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(ph.storage().data()),
-                                    ph.storage().nbytes(), device),
-                   metaOf(ph)));
-  }
-  node->graph_ = std::move(graph);
-  outs.clear();
-  run_inputs.clear();
-
   // Note [Publishing a node]
   // The checkpoint is taken before the node enters the tree: a checkpoint that throws (c10's
   // refuses blocks with pending cross-stream events) leaves the tree exactly as it was, and the
@@ -1093,25 +656,21 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   num_nodes_++;
   if (current_ == nullptr) root_functions_.insert(fn.id);
   for (size_t k = 0; k < raw->slots_.size(); ++k) {
-    trackStorage(slot_storages[k], raw->slots_[k].id, raw, fn);
+    live_.track(slot_storages[k], raw->slots_[k].id, raw, fn.name,
+                fn.mode == FunctionMode::kBackward, generation_);
   }
-  for (auto& kv : live_) {
-    if (!kv.second.weak.expired()) raw->checkpoint_live_slots_.push_back(kv.first);
-  }
-  std::sort(raw->checkpoint_live_slots_.begin(), raw->checkpoint_live_slots_.end());
-
+  raw->checkpoint_live_slots_ = live_.liveSlots();
   path_.push_back(raw);
   current_ = raw;
   state_ = PathState::kRecording;
-  dirty_ = false;
+  bookkeeping_stale_ = false;
   num_recordings_++;
   noteGenerationRun(fn);
-  logMessage(LogLevel::kInfo,
-             "recorded node " + std::to_string(raw->id()) + " for '" + fn.name + "' under " +
-                 (raw->parent() ? "node " + std::to_string(raw->parent()->id()) : "the root") +
-                 " (" + std::to_string(copied.size()) + " copied inputs, " +
-                 std::to_string(raw->slots_.size()) + " output blocks, " +
-                 bytesString(raw->poolBytes()) + " written)");
+  logMessage(LogLevel::kInfo, "recorded node " + std::to_string(raw->id()) + " for '" + fn.name +
+                                  "' under " + whereOf(raw->parent()) + " (" +
+                                  std::to_string(raw->copied_inputs_.size()) + " copied inputs, " +
+                                  std::to_string(raw->slots_.size()) + " output blocks, " +
+                                  bytesString(raw->poolBytes()) + " written)");
   // `ins`, not `inputs`: an input that the restore had to invalidate was replaced by a clone, and
   // outputs that alias it must alias the clone.
   return {raw->buildOutputs(slot_storages, ins), RunKind::kRecord};
@@ -1130,34 +689,25 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
     sources.push_back(node.overlapsFootprint(begin, begin + src.storage().nbytes()) ? src.clone()
                                                                                     : src);
   }
-  pinned_.erase(node.id());
-  // Outputs of earlier runs that live in memory this replay writes are overwritten now.
-  for (auto it = live_.begin(); it != live_.end();) {
-    const Tracked& e = it->second;
-    if (gone(e)) {
-      it = eraseEntry(it);
-    } else if (node.overlapsFootprint(e.ptr, e.ptr + e.nbytes)) {
-      invalidate(e, "a replay of '" + fn.name + "' wrote to its memory");
-      it = eraseEntry(it);
-    } else {
-      ++it;
-    }
-  }
-  dirty_ = true;
+  pinned_by_node_.erase(node.id());
+  // Note [Footprints and stale outputs]: outputs in memory this replay writes are overwritten now.
+  live_.invalidateIf(
+      [&](int64_t, const LiveOutput& e, const c10::StorageImpl&) {
+        return node.overlapsFootprint(e.ptr, e.ptr + e.nbytes);
+      },
+      "a replay of '" + fn.name + "' wrote to its memory");
+  bookkeeping_stale_ = true;
   backend_->copyInputs(node.placeholders_, sources);
-  AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
-  if (node.graph_->replayRunsCallable()) {
-    std::vector<at::Tensor> replay_inputs = inputs;
-    for (size_t k = 0; k < copied.size(); ++k) replay_inputs[copied[k]] = node.placeholders_[k];
-    node.graph_->replay(run, replay_inputs);
-  } else {
-    node.graph_->replay(run, {});
+  {
+    AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
+    node.graph_->replay(run, inputs, copied, node.placeholders_);
   }
   std::vector<c10::Storage> storages;
   storages.reserve(node.slots_.size());
   for (const auto& s : node.slots_) {
     storages.push_back(nonOwningStorage(s.ptr, s.nbytes, device));
-    trackStorage(storages.back(), s.id, &node, fn);
+    live_.track(storages.back(), s.id, &node, fn.name, fn.mode == FunctionMode::kBackward,
+                generation_);
   }
   path_.push_back(&node);
   current_ = &node;
@@ -1174,25 +724,13 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
 // ---------------------------------------------------------------------------------------------
 // Introspection
 
-TreeInfo TreeManager::info() {
-  pruneDead();
+TreeInfo TreeManager::snapshot() {
+  live_.pruneGone();
   TreeInfo t;
   t.device = backend_->device().str();
   t.backend = backend_->name();
-  switch (state_) {
-    case PathState::kNone:
-      t.state = "none";
-      break;
-    case PathState::kWarmup:
-      t.state = "warmup";
-      break;
-    case PathState::kRecording:
-      t.state = "recording";
-      break;
-    case PathState::kExecution:
-      t.state = "execution";
-      break;
-  }
+  static const char* const kStates[] = {"none", "warmup", "recording", "execution"};
+  t.state = kStates[static_cast<int>(state_)];
   t.generation = generation_;
   t.num_nodes = num_nodes_;
   t.num_roots = static_cast<int64_t>(root_.ownedChildren().size());
@@ -1202,27 +740,18 @@ TreeInfo TreeManager::info() {
   t.num_warmups = num_warmups_;
   t.num_recordings = num_recordings_;
   t.num_replays = num_replays_;
-  t.num_invalidations = num_invalidations_;
+  t.num_invalidations = live_.invalidations();
   t.num_evictions = num_evictions_;
-  t.num_migrations = num_migrations_;
-  {
-    std::lock_guard<std::mutex> lock(registryMutex());
-    auto it = retiredCounts().find(t.device);
-    t.retired_trees = it == retiredCounts().end() ? 0 : it->second;
-    auto leaked = leakedBytes().find(t.device);
-    t.leaked_bytes = leaked == leakedBytes().end() ? 0 : leaked->second;
-  }
+  t.num_migrations = live_.migrations();
   t.pending_backward = pending_forwards_ > 0;
   t.live_outputs = static_cast<int64_t>(live_.size());
   t.current_node = current_ ? current_->id() : -1;
   t.pool = backend_->stats();
-  std::unordered_map<int64_t, int64_t> live_per_node;
-  for (auto& kv : live_) {
-    if (kv.second.node) live_per_node[kv.second.node->id()]++;
-  }
+  const auto live_per_node = live_.liveCountPerNode();
   std::vector<const TreeNode*> stack;
-  for (const auto& c : root_.ownedChildren()) stack.push_back(c.get());
-  std::reverse(stack.begin(), stack.end());
+  for (auto it = root_.ownedChildren().rbegin(); it != root_.ownedChildren().rend(); ++it) {
+    stack.push_back(it->get());
+  }
   while (!stack.empty()) {
     const TreeNode* n = stack.back();
     stack.pop_back();
@@ -1237,7 +766,8 @@ TreeInfo TreeManager::info() {
     for (InputKind k : n->input_kinds_) {
       ni.input_kinds += k == InputKind::kStatic ? 'S' : (k == InputKind::kManaged ? 'M' : 'C');
     }
-    ni.live_outputs = live_per_node.count(n->id()) ? live_per_node[n->id()] : 0;
+    auto live = live_per_node.find(n->id());
+    ni.live_outputs = live == live_per_node.end() ? 0 : live->second;
     ni.replays = n->replays_;
     ni.on_current_path = std::find(path_.begin(), path_.end(), n) != path_.end();
     t.nodes.push_back(std::move(ni));
@@ -1248,68 +778,8 @@ TreeInfo TreeManager::info() {
   return t;
 }
 
-std::string TreeManager::toDot() {
-  const TreeInfo t = info();
-  std::ostringstream os;
-  auto escape = [](const std::string& s) {
-    std::string r;
-    for (char ch : s) {
-      if (ch == '"' || ch == '\\') r += '\\';
-      r += ch;
-    }
-    return r;
-  };
-  os << "digraph graphtrees {\n";
-  os << "  label=\"graphtrees tree on " << escape(t.device) << " (pool reserved "
-     << bytesString(t.pool.reserved_bytes) << ")\";\n";
-  os << "  node [shape=box, fontname=\"monospace\"];\n";
-  for (const auto& n : t.nodes) {
-    os << "  n" << n.id << " [label=\"#" << n.id << " " << escape(n.function) << "\\n"
-       << bytesString(n.pool_bytes) << " written";
-    if (n.live_outputs > 0) os << "\\nlive outputs: " << n.live_outputs;
-    os << "\"";
-    if (n.live_outputs > 0) os << ", style=filled, fillcolor=\"#c6efce\"";
-    if (n.on_current_path) os << ", penwidth=2";
-    os << "];\n";
-  }
-  for (const auto& n : t.nodes) {
-    if (n.parent >= 0) os << "  n" << n.parent << " -> n" << n.id << ";\n";
-  }
-  os << "}\n";
-  return os.str();
-}
-
 bool TreeManager::checkPoolInvariants(std::string* why) {
-  pruneDead();
-  std::unordered_set<void*> owning;
-  int64_t non_owning = 0;
-  for (auto& kv : live_) {
-    auto strong = kv.second.weak.lock();
-    if (!strong) continue;
-    if (ownsPoolBlock(*strong)) {
-      owning.insert(reinterpret_cast<void*>(kv.second.ptr));
-    } else {
-      non_owning++;
-    }
-  }
-  if (!backend_->checkLiveAllocations(owning)) {
-    const auto blocks = backend_->allocatedBlocks();
-    int64_t extra = 0;
-    for (void* p : blocks) extra += owning.count(p) ? 0 : 1;
-    *why = "the pool has " + std::to_string(blocks.size()) + " allocated blocks, " +
-           std::to_string(extra) +
-           " of them not owned by a tracked live output; tracked owning "
-           "outputs: " +
-           std::to_string(owning.size());
-    return false;
-  }
-  if (!dirty_ && non_owning > 0) {
-    *why = std::to_string(non_owning) +
-           " live outputs do not own their blocks although no replay happened since the pool "
-           "was last exact";
-    return false;
-  }
-  return true;
+  return live_.checkInvariants(!bookkeeping_stale_, why);
 }
 
 }  // namespace graphtrees

@@ -20,6 +20,94 @@ uint64_t TreeNode::hashKey(int64_t function_id, const std::vector<uintptr_t>& pt
   return h;
 }
 
+namespace {
+c10::Storage viewOf(uintptr_t ptr, size_t nbytes, c10::Device device) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                      c10::DataPtr(reinterpret_cast<void*>(ptr), device),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+}  // namespace
+
+std::unique_ptr<TreeNode> TreeNode::fromRecording(
+    int64_t id, TreeNode* parent, Recording&& rec, const std::function<int64_t()>& new_slot,
+    const std::function<bool(const c10::StorageImpl*)>& tracked,
+    std::vector<c10::Storage>* slot_storages) {
+  auto node = std::make_unique<TreeNode>(id, parent);
+  node->function_id_ = rec.function_id;
+  node->function_name_ = rec.function_name;
+  node->input_kinds_ = rec.input_kinds;
+  node->key_ptrs_ = std::move(rec.key_ptrs);
+  node->key_hash_ = rec.key_hash;
+  node->copied_inputs_ = rec.copied;
+  node->footprint_ = rec.graph->footprint();
+  for (int64_t i : rec.copied) {
+    const auto& ph = rec.inputs[i];
+    const auto begin = reinterpret_cast<uintptr_t>(ph.storage().data());
+    node->footprint_.push_back({begin, begin + ph.storage().nbytes()});
+  }
+  mergeIntervals(&node->footprint_);
+
+  std::unordered_map<const c10::StorageImpl*, int64_t> input_of;
+  for (size_t i = 0; i < rec.inputs.size(); ++i) {
+    input_of.emplace(rec.inputs[i].storage().unsafeGetStorageImpl(), static_cast<int64_t>(i));
+  }
+  std::unordered_map<const c10::StorageImpl*, int64_t> slot_index;
+  const c10::Device device = rec.graph_device;
+  for (const auto& o : rec.outputs) {
+    TORCH_CHECK(o.device() == device, "graphtrees: '", rec.function_name,
+                "' returned a tensor on ", o.device(), " while its graph runs on ", device,
+                "; every tensor output of a graphed function must be on the graph's device.");
+    OutputInfo info;
+    info.meta = metaOf(o);
+    c10::StorageImpl* impl = o.storage().unsafeGetStorageImpl();
+    const auto data = reinterpret_cast<uintptr_t>(impl->data());
+    const size_t nbytes = impl->nbytes();
+    auto in = input_of.find(impl);
+    auto known = slot_index.find(impl);
+    if (nbytes == 0 || data == 0) {
+      info.kind = OutputKind::kEmpty;
+    } else if (in != input_of.end() && !(rec.input_kinds[in->second] == InputKind::kCopied &&
+                                         !rec.dense[in->second])) {
+      // Keeps eager's aliasing: the output is a view of the caller's own input.
+      info.kind = OutputKind::kInputAlias;
+      info.index = in->second;
+      const auto& src = rec.inputs[in->second];
+      info.byte_delta = o.storage_offset() * static_cast<int64_t>(o.itemsize()) -
+                        src.storage_offset() * static_cast<int64_t>(src.itemsize());
+    } else if (known != slot_index.end()) {
+      info.kind = OutputKind::kPool;
+      info.index = known->second;
+    } else if (node->overlapsFootprint(data, data + nbytes)) {
+      info.kind = OutputKind::kPool;
+      info.index = static_cast<int64_t>(node->slots_.size());
+      slot_index.emplace(impl, info.index);
+      node->slots_.push_back({new_slot(), data, nbytes});
+      slot_storages->push_back(o.storage());
+    } else {
+      TORCH_CHECK(!tracked(impl), "graphtrees: '", rec.function_name,
+                  "' returned a tensor produced by an earlier graphed call that was not passed "
+                  "to it as an argument. Pass that tensor as an argument instead of capturing it.");
+      info.kind = OutputKind::kConstant;
+      info.index = static_cast<int64_t>(node->constants_.size());
+      node->constants_.push_back(o.storage());
+    }
+    node->outputs_.push_back(std::move(info));
+  }
+  // Placeholders become non-owning views: their blocks are free for descendants once this
+  // recording is done (unless an output keeps them), and a replay copies into the same address.
+  for (int64_t i : rec.copied) {
+    const auto& ph = rec.inputs[i];
+    node->placeholders_.push_back(
+        makeTensor(viewOf(reinterpret_cast<uintptr_t>(ph.storage().data()), ph.storage().nbytes(),
+                          device),
+                   metaOf(ph)));
+  }
+  node->graph_ = std::move(rec.graph);
+  rec.outputs.clear();
+  rec.inputs.clear();
+  return node;
+}
+
 TreeNode* TreeNode::addChild(std::unique_ptr<TreeNode> child) {
   TreeNode* raw = child.get();
   children_[raw->key_hash_].push_back(raw);
@@ -38,6 +126,30 @@ void TreeNode::removeChild(TreeNode* child) {
       std::remove_if(owned_.begin(), owned_.end(),
                      [child](const std::unique_ptr<TreeNode>& p) { return p.get() == child; }),
       owned_.end());
+}
+
+std::string TreeNode::whyKeyDiffers(const std::vector<InputKind>& kinds,
+                                    const std::vector<uintptr_t>& key_ptrs) const {
+  size_t k = 0;  // Note [Matching a child]: the key's words, in flat-input order
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const InputKind then = input_kinds_[i];
+    if (then != kinds[i]) {
+      return "input " + std::to_string(i) +
+             (then == InputKind::kManaged ? " was an output of the previous call when recorded "
+                                            "and is not now"
+                                          : " is an output of the previous call now");
+    }
+    if (then == InputKind::kStatic) {
+      if (key_ptrs_[k] != key_ptrs[k]) return "static input " + std::to_string(i) + " changed address";
+      k += 1;
+    } else if (then == InputKind::kManaged) {
+      if (key_ptrs_[k + 1] != key_ptrs[k + 1]) {
+        return "input " + std::to_string(i) + " (an output of an earlier call) changed address";
+      }
+      k += 2;
+    }
+  }
+  return "";
 }
 
 int64_t TreeNode::countChildrenOf(int64_t function_id) const {

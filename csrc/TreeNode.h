@@ -3,6 +3,25 @@
 // One recorded graph in the tree, with everything needed to replay it without running Python
 // (on CUDA) and to rebuild its outputs: how each input is fed, where each output lives, which
 // memory the recording wrote, and the pool checkpoint taken right after it was recorded.
+//
+// Note [Matching a child]
+// A call continues the path at a child of the current node (or at a root) whose key matches:
+//   the function id, then key_ptrs_, in flat-input order:
+//     a static input contributes one word, its data pointer (a moved parameter re-records);
+//     a managed input contributes two words, its flat index and its data pointer (an output of
+//     an earlier node used in place must be the same block it was when recorded);
+//     a copied input contributes nothing (it is copied into the placeholder wherever it is).
+// Children are bucketed by a hash of the key; keyEquals() settles collisions. A matching child
+// is taken only while its must_stay_dead_ slots are still dead: outputs of ancestors that were
+// dead when it was recorded, whose memory its recording may have reused.
+//
+// Note [Footprints and stale outputs]
+// A node's footprint is every byte range its recording wrote through the allocator: outputs,
+// temporaries and the copied inputs' placeholders (sorted and merged). A replay writes inside it
+// and nowhere else, without telling the allocator. So before a replay, every live output that
+// overlaps the footprint is stale and is invalidated (Note [Output ownership]); a live output
+// outside it stays valid however many replays run. An input that lies inside the footprint is
+// cloned before the placeholders are written, so that the replay reads what the caller passed.
 
 #include "Backend.h"
 
@@ -10,6 +29,7 @@
 #include <c10/core/Storage.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -53,20 +73,50 @@ struct Slot {
   size_t nbytes = 0;
 };
 
+// What a capture produced, before it becomes a node (TreeNode::fromRecording()).
+struct Recording {
+  int64_t function_id = 0;
+  std::string function_name;
+  std::vector<InputKind> input_kinds;
+  std::vector<uintptr_t> key_ptrs;  // Note [Matching a child]
+  uint64_t key_hash = 0;
+  std::vector<int64_t> copied;      // flat indices of copied inputs
+  std::vector<uint8_t> dense;       // per flat input: its placeholder kept the caller's strides
+  std::vector<at::Tensor> inputs;   // what the capture ran on (placeholders at copied positions)
+  std::vector<at::Tensor> outputs;  // what the capture returned
+  std::unique_ptr<Graph> graph;
+  c10::Device graph_device = c10::Device(c10::DeviceType::CPU);
+};
+
 class TreeNode {
  public:
   TreeNode(int64_t id, TreeNode* parent) : id_(id), parent_(parent) {}
 
+  // Builds a node from a recording: classifies each output (a pool slot of its own, a view of an
+  // input, empty, or a constant outside the pool), computes the footprint and turns the
+  // placeholders into non-owning views. `new_slot` hands out slot ids; `tracked(storage)` says
+  // whether a storage is a live output of an earlier call (returning one that was not passed in
+  // is an error). `slot_storages` receives the storage of each slot, for the caller to track.
+  static std::unique_ptr<TreeNode> fromRecording(
+      int64_t id, TreeNode* parent, Recording&& rec, const std::function<int64_t()>& new_slot,
+      const std::function<bool(const c10::StorageImpl*)>& tracked,
+      std::vector<c10::Storage>* slot_storages);
+
   int64_t id() const { return id_; }
   TreeNode* parent() const { return parent_; }
 
-  // The key children are found by: function id plus the addresses of static and managed inputs.
+  // The key children are found by (Note [Matching a child]).
   static uint64_t hashKey(int64_t function_id, const std::vector<uintptr_t>& ptrs);
   bool keyEquals(int64_t function_id, const std::vector<uintptr_t>& ptrs) const {
     return function_id_ == function_id && key_ptrs_ == ptrs;
   }
 
-  // The first child recorded for this key whose expectations hold, or nullptr.
+  // Why this node's key does not match a call with input kinds `kinds` and key `key_ptrs` of the
+  // same function (for the re-record log), or "" if it does.
+  std::string whyKeyDiffers(const std::vector<InputKind>& kinds,
+                            const std::vector<uintptr_t>& key_ptrs) const;
+
+  // The children recorded under this key hash (in recording order), or nullptr.
   const std::vector<TreeNode*>* childrenFor(uint64_t hash) const {
     auto it = children_.find(hash);
     return it == children_.end() ? nullptr : &it->second;
@@ -82,7 +132,8 @@ class TreeNode {
   // Number of recordings of `function_id` directly under this node.
   int64_t countChildrenOf(int64_t function_id) const;
 
-  // Whether [begin, end) overlaps memory this node's replay writes.
+  // Whether [begin, end) overlaps memory this node's replay writes (Note [Footprints and stale
+  // outputs]).
   bool overlapsFootprint(uintptr_t begin, uintptr_t end) const;
 
   // Rebuilds the outputs over `storages` (one per slot) and the call's inputs.
@@ -91,7 +142,7 @@ class TreeNode {
 
   int64_t poolBytes() const;
 
-  // --- recorded state (filled by the tree manager when recording) ---
+  // --- recorded state (filled by fromRecording(); the checkpoint by the tree manager) ---
   int64_t function_id_ = 0;
   std::string function_name_;
   std::unique_ptr<Graph> graph_;
@@ -106,7 +157,7 @@ class TreeNode {
   std::vector<Interval> footprint_;      // sorted, merged
   std::shared_ptr<Checkpoint> checkpoint_;
   std::vector<int64_t> checkpoint_live_slots_;  // sorted slot ids live when checkpointed
-  std::vector<int64_t> dead_before_;            // ancestor slots that were dead at recording
+  std::vector<int64_t> must_stay_dead_;  // ancestor slots dead at recording (Note [Matching...])
   int64_t replays_ = 0;
 
  private:

@@ -1,13 +1,17 @@
-// Python bindings of graphtrees._C.
+// Python bindings of graphtrees._C. Every entry point is wrapped with torch's own error and
+// warning handling (torch::wrap_pybind_function): c10::Error subclasses reach Python as their
+// proper types (ValueError, TypeError, ...) and TORCH_WARN reaches the warnings module.
 
+#include "BackendFactory.h"
 #include "CpuBackend.h"
-#include "CpuPool.h"
 #include "GraphedCallable.h"
-#include "Hooks.h"
 #include "Logging.h"
-#include "TreeManager.h"
+#include "ProcessState.h"
+#include "TreeRegistry.h"
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/headeronly/version.h>
 
 namespace graphtrees {
 namespace {
@@ -27,17 +31,11 @@ py::dict poolDict(const PoolStats& p) {
 }
 
 py::dict treeInfo(const py::handle& device_obj) {
-  const c10::Device device = parseDevice(device_obj);
-  auto tree = TreeManager::get(device, /*create=*/false, nullptr);
-  TreeInfo t;
-  t.device = device.str();
-  if (tree != nullptr) {
-    auto lock = lockTree(*tree);
-    t = tree->info();
-  }
+  bool has_tree = false;
+  const TreeInfo t = TreeRegistry::info(parseDevice(device_obj), &has_tree);
   py::dict d;
   d["device"] = t.device;
-  d["backend"] = tree ? py::object(py::str(t.backend)) : py::object(py::none());
+  d["backend"] = has_tree ? py::object(py::str(t.backend)) : py::object(py::none());
   d["state"] = t.state;
   d["generation"] = t.generation;
   d["num_nodes"] = t.num_nodes;
@@ -78,21 +76,125 @@ py::dict treeInfo(const py::handle& device_obj) {
   return d;
 }
 
+std::string treeToDot(const py::handle& device_obj) {
+  const c10::Device device = parseDevice(device_obj);
+  bool has_tree = false;
+  const TreeInfo t = TreeRegistry::info(device, &has_tree);
+  if (!has_tree) {
+    return "digraph graphtrees {\n  label=\"graphtrees: no tree on " + device.str() + "\";\n}\n";
+  }
+  return toDot(t);
+}
+
+std::pair<bool, std::string> checkPoolInvariants(const py::handle& device_obj) {
+  auto tree = TreeRegistry::acquire(parseDevice(device_obj), /*create=*/false);
+  if (!tree) return {true, std::string()};
+  std::string why;
+  const bool ok = tree->checkPoolInvariants(&why);
+  return {ok, why};
+}
+
+// Holds a Python callable for the C++ side; the object is released under the GIL.
+std::shared_ptr<py::object> holdPython(py::object fn) {
+  return std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+void setLogSinkFromPython(py::object sink) {
+  if (sink.is_none()) {
+    setLogSink(nullptr);
+    return;
+  }
+  auto holder = holdPython(std::move(sink));
+  setLogSink([holder](LogLevel level, const std::string& msg) {
+    py::gil_scoped_acquire gil;
+    try {
+      (*holder)(static_cast<int>(level), msg);
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("graphtrees log sink");
+    }
+  });
+}
+
+void setCollectGarbageHookFromPython(py::object hook) {
+  if (hook.is_none()) {
+    setCollectGarbageHook(nullptr);
+    return;
+  }
+  auto holder = holdPython(std::move(hook));
+  setCollectGarbageHook([holder] {
+    py::gil_scoped_acquire gil;
+    (*holder)();
+  });
+}
+
+void setCaptureScopeHookFromPython(py::object hook) {
+  if (hook.is_none()) {
+    setCaptureScopeHook(nullptr);
+    return;
+  }
+  auto holder = holdPython(std::move(hook));
+  setCaptureScopeHook([holder]() -> std::function<void()> {
+    py::gil_scoped_acquire gil;
+    auto exit = holdPython((*holder)());
+    return [exit] {
+      py::gil_scoped_acquire gil;
+      (*exit)();
+    };
+  });
+}
+
 }  // namespace
 }  // namespace graphtrees
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace graphtrees;
+  using torch::wrap_pybind_function;
   m.doc() = "graphtrees C++ core: tree manager, backends and the graphed-callable wrapper";
+
+  // Waiting for another thread's tree call releases the GIL: that call may need it to finish.
+  setBlockingWaitHook([](const std::function<void()>& wait) {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release no_gil;
+      wait();
+    } else {
+      wait();
+    }
+  });
+
+  py::enum_<FunctionMode>(m, "FunctionMode",
+                          "What a graphed function is in a training step (see README).")
+      .value("INFERENCE", FunctionMode::kInference)
+      .value("FORWARD", FunctionMode::kForward)
+      .value("BACKWARD", FunctionMode::kBackward);
 
   py::class_<GraphedCallable, std::shared_ptr<GraphedCallable>>(m, "GraphedCallable",
                                                                 py::dynamic_attr())
-      .def(py::init<py::object, const std::vector<int64_t>&, int, int, py::object, std::string, int,
-                    std::string, int>(),
-           py::arg("fn"), py::arg("static_argnums"), py::arg("warmup_iters"),
-           py::arg("rerecord_limit"), py::arg("module"), py::arg("name"), py::arg("mode") = 0,
-           py::arg("eager_reason") = "", py::arg("max_signatures") = 0)
-      .def("__call__", &GraphedCallable::call)
+      .def(py::init(wrap_pybind_function([](py::object fn, py::object static_argnums,
+                                             py::object warmup_iters, py::object rerecord_limit,
+                                             py::object module, py::object name,
+                                             FunctionMode mode, std::string eager_reason,
+                                             py::object max_signatures) {
+             const GraphOptions options = validateOptions(
+                 "graphtrees.cudagraphify", static_argnums, warmup_iters, rerecord_limit,
+                 max_signatures);
+             TORCH_CHECK_TYPE(py::isinstance<py::str>(name),
+                              "graphtrees.cudagraphify: name must be a str, got ",
+                              py::str(py::type::of(name).attr("__name__")).cast<std::string>());
+             return std::make_shared<GraphedCallable>(std::move(fn), options, std::move(module),
+                                                      name.cast<std::string>(), mode,
+                                                      std::move(eager_reason));
+           })),
+           py::arg("fn"), py::arg("static_argnums") = py::tuple(), py::arg("warmup_iters") = 1,
+           py::arg("rerecord_limit") = 8, py::arg("module") = py::none(), py::arg("name") = "",
+           py::arg("mode") = FunctionMode::kInference, py::arg("eager_reason") = "",
+           py::arg("max_signatures") = 0)
+      .def("__call__", wrap_pybind_function([](GraphedCallable& self, const py::args& args,
+                                               const py::kwargs& kwargs) {
+             return self.call(args, kwargs);
+           }))
       .def("signatures", &GraphedCallable::signatures,
            "Per call signature: function id, warmups, re-records and the eager-fallback reason.")
       .def("__get__",
@@ -104,106 +206,53 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return "<graphtrees.GraphedCallable '" + g.name() + "'>";
       });
 
-  m.def("mark_step_begin", &TreeManager::markStepBegin,
+  m.def("mark_step_begin", &markStepBegin,
         "Starts a new step: the next call of any graphed function begins a new generation.");
   m.def(
-      "reset",
-      [] {
-        TORCH_CHECK(!TreeManager::inCall(),
+      "reset", wrap_pybind_function([] {
+        TORCH_CHECK(!inTreeCall(),
                     "graphtrees.reset() (or torch._dynamo.reset()) was called from inside a "
                     "graphed function's run; call it between graphed calls.");
         py::gil_scoped_release no_gil;
-        TreeManager::resetAll();
-      },
+        TreeRegistry::resetAll();
+      }),
       "Frees every tree: nodes, graphs and pools. Outputs still alive become invalid.");
-  m.def("tree_info", &treeInfo, py::arg("device"));
-  m.def(
-      "tree_to_dot",
-      [](const py::handle& device_obj) {
-        const c10::Device device = parseDevice(device_obj);
-        auto tree = TreeManager::get(device, false, nullptr);
-        if (tree == nullptr) {
-          return std::string("digraph graphtrees {\n  label=\"graphtrees: no tree on ") +
-                 device.str() + "\";\n}\n";
-        }
-        auto lock = lockTree(*tree);
-        return tree->toDot();
-      },
-      py::arg("device"));
-  m.def(
-      "check_pool_invariants",
-      [](const py::handle& device_obj) {
-        auto tree = TreeManager::get(parseDevice(device_obj), false, nullptr);
-        if (tree == nullptr) return std::make_pair(true, std::string());
-        auto lock = lockTree(*tree);
-        std::string why;
-        const bool ok = tree->checkPoolInvariants(&why);
-        return std::make_pair(ok, why);
-      },
-      py::arg("device"),
-      "(ok, why): the pool's allocated blocks are exactly the live outputs that own pool memory.");
+  m.def("tree_info", wrap_pybind_function(&treeInfo), py::arg("device"));
+  m.def("tree_to_dot", wrap_pybind_function(&treeToDot), py::arg("device"));
+  m.def("check_pool_invariants", wrap_pybind_function(&checkPoolInvariants), py::arg("device"),
+        "(ok, why): the pool's allocated blocks are exactly the live outputs that own pool memory.");
+  m.def("_validate_options",
+        wrap_pybind_function([](const std::string& who, py::object static_argnums,
+                                py::object warmup_iters, py::object rerecord_limit,
+                                py::object max_signatures, int64_t min_signatures) {
+          validateOptions(who, static_argnums, warmup_iters, rerecord_limit, max_signatures,
+                          min_signatures);
+        }),
+        py::arg("who"), py::arg("static_argnums"), py::arg("warmup_iters"),
+        py::arg("rerecord_limit"), py::arg("max_signatures"), py::arg("min_signatures") = 0,
+        "Raises ValueError for options graphtrees cannot take (the one place they are checked).");
   m.def("_bump_module_epoch", &GraphedCallable::bumpModuleEpoch);
-  m.def("_set_log_sink", [](py::object sink) {
-    if (sink.is_none()) {
-      setLogSink(nullptr);
-      return;
-    }
-    auto holder = std::make_shared<py::object>(std::move(sink));
-    setLogSink([holder](LogLevel level, const std::string& msg) {
-      py::gil_scoped_acquire gil;
-      try {
-        (*holder)(static_cast<int>(level), msg);
-      } catch (py::error_already_set& e) {
-        e.discard_as_unraisable("graphtrees log sink");
-      }
-    });
-  });
-  m.def("_set_collect_garbage_hook", [](py::object hook) {
-    if (hook.is_none()) {
-      TreeManager::setCollectGarbageHook(nullptr);
-      return;
-    }
-    auto holder = std::make_shared<py::object>(std::move(hook));
-    TreeManager::setCollectGarbageHook([holder] {
-      py::gil_scoped_acquire gil;
-      (*holder)();
-    });
-  });
-  m.def("_set_debug_checks", &TreeManager::setDebugChecks, py::arg("on"));
-  m.def("_fail_next_restores", &TreeManager::failNextRestores, py::arg("n"),
-        "Testing hook: the next n pool restores fail as PyTorch issue #140419 does.");
+  m.def("_set_log_sink", &setLogSinkFromPython);
+  m.def("_set_collect_garbage_hook", &setCollectGarbageHookFromPython);
+  m.def("_set_capture_scope_hook", &setCaptureScopeHookFromPython);
+  m.def("_set_debug_checks", &setDebugChecks, py::arg("on"));
   m.def(
-      "_inject_failure",
-      [](const std::string& point, int n) { injectFailure(failurePointFromName(point), n); },
-      py::arg("point"), py::arg("n") = 1,
-      "Testing hook: the next n arrivals at `point` fail (restore, backend_restore, "
-      "partial_restore, checkpoint, capture_end, end_allocate, release_pool).");
+      "_fail_next_restores", [](int n) { injectFailure(FailurePoint::kRestore, n); },
+      py::arg("n"), "Testing hook: the next n pool restores fail as PyTorch issue #140419 does.");
+  m.def("_inject_failure", wrap_pybind_function([](const std::string& point, int n) {
+          injectFailure(failurePointFromName(point), n);
+        }),
+        py::arg("point"), py::arg("n") = 1,
+        "Testing hook: the next n arrivals at `point` fail (restore, backend_restore, "
+        "partial_restore, checkpoint, capture_end, end_allocate, release_pool).");
   m.def(
       "_note_host_sync", [](const std::string& what) { noteHostSync(what.c_str()); },
       py::arg("what"),
       "Reports a host read that ATen does not dispatch (Tensor.tolist) on this thread.");
-  m.def("_set_capture_scope_hook", [](py::object hook) {
-    if (hook.is_none()) {
-      setCaptureScopeHook(nullptr);
-      return;
-    }
-    auto holder = std::make_shared<py::object>(std::move(hook));
-    setCaptureScopeHook([holder]() -> std::function<void()> {
-      py::gil_scoped_acquire gil;
-      auto exit = std::make_shared<py::object>((*holder)());
-      return [exit] {
-        py::gil_scoped_acquire gil;
-        py::object done = std::move(*exit);  // dropped here, under the GIL
-        done();
-      };
-    });
-  });
-  m.def("_cpu_pool_totals", &CpuPool::globalStats,
+  m.def("_cpu_pool_totals", &cpuPoolTotals,
         "[pools alive, allocated blocks, reserved bytes] over every CPU pool, released ones too.");
-  py::list backends;
-  backends.append("cpu");
-#ifdef GRAPHTREES_WITH_CUDA
-  backends.append("cuda");
+  m.attr("backends") = compiledBackends();
+#ifdef TORCH_VERSION
+  m.attr("built_with_torch") = TORCH_VERSION;
 #endif
-  m.attr("backends") = backends;
 }

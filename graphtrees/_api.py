@@ -54,27 +54,11 @@ def cudagraphify(
             rerecord_limit=rerecord_limit,
             name=name,
         )
-    if not callable(fn):
-        raise TypeError(f"graphtrees.cudagraphify expects a callable, got {type(fn).__name__}")
-    if isinstance(static_argnums, int):
-        static_argnums = (static_argnums,)
-    static_argnums = tuple(static_argnums)
-    for i in static_argnums:
-        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
-            raise ValueError(
-                f"graphtrees.cudagraphify: static_argnums must be non-negative ints, got {i!r}"
-            )
-    if not isinstance(warmup_iters, int) or warmup_iters < 1:
-        raise ValueError(f"graphtrees.cudagraphify: warmup_iters must be an int >= 1, got {warmup_iters!r}")
-    if not isinstance(rerecord_limit, int) or rerecord_limit < 0:
-        raise ValueError(
-            f"graphtrees.cudagraphify: rerecord_limit must be an int >= 0, got {rerecord_limit!r}"
-        )
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"graphtrees.cudagraphify: name must be a str, got {type(name).__name__}")
+    # Options are validated once, in C++ (graphtrees._C.GraphedCallable), for every caller.
     module = fn if isinstance(fn, torch.nn.Module) else None
     wrapped = get_ext().GraphedCallable(
-        fn, list(static_argnums), warmup_iters, rerecord_limit, module, name or _name_of(fn)
+        fn, static_argnums, warmup_iters, rerecord_limit, module,
+        _name_of(fn) if name is None else name,
     )
     functools.update_wrapper(wrapped, fn, updated=())
     if module is not None:

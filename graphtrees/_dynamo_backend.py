@@ -25,10 +25,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ._ext import get_ext
+from ._ext import get_ext, has_ext
 
-_INFERENCE, _FORWARD, _BACKWARD = 0, 1, 2
+
 _INNER = ("inductor", "aot_eager")
+
+
+def _modes():
+    """The function modes of graphtrees._C (what a graph is in a training step)."""
+    return get_ext().FunctionMode
 _graph_counter = itertools.count()
 
 # Ops whose output shape or value depends on tensor data: a recorded graph cannot reproduce them.
@@ -185,12 +190,9 @@ class _Options:
                  rerecord_limit=8):
         if inner not in _INNER:
             raise ValueError(f"graphtrees: inner must be one of {_INNER}, got {inner!r}")
-        if not isinstance(max_recorded_shapes, int) or max_recorded_shapes < 1:
-            raise ValueError(f"graphtrees: max_recorded_shapes must be an int >= 1, got {max_recorded_shapes!r}")
-        if not isinstance(warmup_iters, int) or warmup_iters < 1:
-            raise ValueError(f"graphtrees: warmup_iters must be an int >= 1, got {warmup_iters!r}")
-        if not isinstance(rerecord_limit, int) or rerecord_limit < 0:
-            raise ValueError(f"graphtrees: rerecord_limit must be an int >= 0, got {rerecord_limit!r}")
+        if has_ext():  # without it, the first compiled graph reports the missing build
+            get_ext()._validate_options("graphtrees", (), warmup_iters, rerecord_limit,
+                                        max_recorded_shapes, 1)
         self.inner = inner
         self.max_recorded_shapes = max_recorded_shapes
         self.strict = bool(strict)
@@ -199,7 +201,7 @@ class _Options:
 
 
 def _wrap(opts: _Options, compiled: Callable[[list], Any], gm: torch.fx.GraphModule,
-          static_idxs: Sequence[int], mode: int, name: str) -> Callable[[list], Any]:
+          static_idxs: Sequence[int], mode: Any, name: str) -> Callable[[list], Any]:
     reason = skip_reason(gm, static_idxs) or ""
     if reason and opts.strict:
         raise SkipError(f"graphtrees (strict=True): cannot record '{name}': {reason}")
@@ -252,7 +254,7 @@ def make_backend(**options) -> Callable:
         forward_static_aliases: List[str] = []
 
         def mode_name(mode):
-            return {_INFERENCE: "inference", _FORWARD: "forward", _BACKWARD: "backward"}[mode]
+            return mode.name.lower()
 
         if opts.inner == "aot_eager":
             from torch._dynamo.backends.common import aot_autograd
@@ -261,13 +263,13 @@ def make_backend(**options) -> Callable:
                 static = _forward_static_indices(len(example_inputs), aot_inputs)
                 forward_static[:] = static
                 forward_static_aliases[:] = _static_aliases(aot_gm, static)
-                mode = _INFERENCE if is_inference else _FORWARD
+                mode = _modes().INFERENCE if is_inference else _modes().FORWARD
                 return _wrap(opts, lambda args: aot_gm(*args), aot_gm, static, mode,
                              f"{graph}.{mode_name(mode)}")
 
             def bw_compiler(aot_gm, aot_inputs):
                 static = _backward_static_indices(aot_gm, forward_static, forward_static_aliases)
-                return _wrap(opts, lambda args: aot_gm(*args), aot_gm, static, _BACKWARD,
+                return _wrap(opts, lambda args: aot_gm(*args), aot_gm, static, _modes().BACKWARD,
                              f"{graph}.backward")
 
             return aot_autograd(
@@ -283,10 +285,10 @@ def make_backend(**options) -> Callable:
             kwargs["cudagraphs"] = BoxedBool(False)  # graphtrees records the graphs
             compiled = compile_fx_inner(aot_gm, aot_inputs, **kwargs)
             if kwargs.get("is_backward", False):
-                mode = _BACKWARD
+                mode = _modes().BACKWARD
                 static = _backward_static_indices(aot_gm, forward_static, forward_static_aliases)
             else:
-                mode = _INFERENCE if kwargs.get("is_inference", False) else _FORWARD
+                mode = _modes().INFERENCE if kwargs.get("is_inference", False) else _modes().FORWARD
                 static = sorted(set(kwargs.get("static_input_idxs") or ())
                                 | set(_forward_static_indices(len(example_inputs), aot_inputs)))
                 forward_static[:] = static

@@ -1,6 +1,6 @@
 #include "cuda/CudaBackend.h"
 
-#include "Hooks.h"
+#include "ProcessState.h"
 #include "Logging.h"
 
 #include <ATen/core/CachingHostAllocator.h>
@@ -48,11 +48,12 @@ class CudaGraph final : public Graph {
       : graph_(std::move(graph)), footprint_(std::move(footprint)) {}
 
   // The addresses are baked into the graph: no Python runs, inputs are already in place.
-  void replay(const RunFn& /*run*/, const std::vector<at::Tensor>& /*inputs*/) override {
+  void replay(const RunFn& /*run*/, const std::vector<at::Tensor>& /*inputs*/,
+              const std::vector<int64_t>& /*copied*/,
+              const std::vector<at::Tensor>& /*placeholders*/) override {
     graph_->replay();
   }
   const std::vector<Interval>& footprint() const override { return footprint_; }
-  bool replayRunsCallable() const override { return false; }
 
  private:
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
@@ -128,11 +129,6 @@ void CudaBackend::releasePool() {
               poisoned_ ? " (the pool was left inconsistent by a failed restore; its blocks stay "
                           "reserved for the life of the process)"
                         : "");
-}
-
-void CudaBackend::synchronize() {
-  c10::cuda::CUDAGuard guard(device_.index());
-  c10::cuda::device_synchronize();
 }
 
 void CudaBackend::beginAllocateToPool() {
@@ -241,11 +237,14 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
       abandonCapture(std::move(graph), uses_before, /*host_routed=*/false);
       throw CaptureRejected("starting the CUDA graph capture failed: " + why);
     }
+    bool injected = false;
     try {
       *outputs = run(inputs);
       if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
-        // A real invalidation: querying a capturing stream is forbidden.
+        // A real invalidation: querying a capturing stream is forbidden during a capture.
+        injected = true;
         (void)cudaStreamQuery(stream_.stream());
+        (void)cudaGetLastError();
       }
     } catch (...) {
       user_error = std::current_exception();
@@ -255,6 +254,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
         status == cudaStreamCaptureStatusInvalidated) {
       rejected = user_error ? messageOf(user_error) : "the stream capture was invalidated";
     }
+    if (injected && rejected.empty()) rejected = "injected failure at the end of the capture";
     bool ended = true;
     try {
       graph->capture_end();
@@ -270,6 +270,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     }
     if (!rejected.empty()) {
       outputs->clear();
+      (void)cudaGetLastError();  // capture errors are not sticky; leave none for later checks
       if (ended) {
         graph.reset();
         refreshSegments();

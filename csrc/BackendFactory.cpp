@@ -1,0 +1,44 @@
+#include "BackendFactory.h"
+
+#include "CpuBackend.h"
+#include "CpuPool.h"
+
+#ifdef GRAPHTREES_WITH_CUDA
+#include "cuda/CudaBackend.h"
+#endif
+
+namespace graphtrees {
+
+std::unique_ptr<Backend> makeBackend(c10::Device device, std::string* why_not) {
+  switch (device.type()) {
+    case c10::DeviceType::CPU:
+      return std::make_unique<CpuBackend>();
+    case c10::DeviceType::CUDA:
+#ifdef GRAPHTREES_WITH_CUDA
+      return makeCudaBackend(device, why_not);
+#else
+      *why_not =
+          "graphtrees was built without its CUDA backend (no CUDA build of torch or no nvcc at "
+          "build time); reinstall with a CUDA build of torch and the CUDA toolkit";
+      return nullptr;
+#endif
+    default:
+      *why_not =
+          "graphtrees has no backend for device type '" + c10::DeviceTypeName(device.type()) + "'";
+      return nullptr;
+  }
+}
+
+std::vector<std::string> compiledBackends() {
+#ifdef GRAPHTREES_WITH_CUDA
+  return {"cpu", "cuda"};
+#else
+  return {"cpu"};
+#endif
+}
+
+std::vector<int64_t> cpuPoolTotals() {
+  return CpuPool::globalStats();
+}
+
+}  // namespace graphtrees

@@ -1,0 +1,27 @@
+#pragma once
+
+// The one place that names the backends: which backend serves a device.
+
+#include "Backend.h"
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace graphtrees {
+
+// Creates the backend for a device, or returns nullptr with `why_not` set when no backend for it
+// was compiled in or it cannot be used (e.g. CUDA with a non-native allocator).
+std::unique_ptr<Backend> makeBackend(c10::Device device, std::string* why_not);
+
+// The backends compiled in ("cpu", and "cuda" when built with the CUDA backend).
+std::vector<std::string> compiledBackends();
+
+// For the tests: {pools alive, allocated blocks, reserved bytes} over every CPU pool, released
+// ones that still have blocks in use included.
+std::vector<int64_t> cpuPoolTotals();
+
+}  // namespace graphtrees

@@ -1,0 +1,60 @@
+#pragma once
+
+// Introspection: a snapshot of one tree (TreeManager::snapshot()) and what is rendered from it.
+// Everything here is a pure function of the snapshot.
+
+#include "Backend.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace graphtrees {
+
+struct NodeInfo {
+  int64_t id = 0;
+  int64_t parent = -1;
+  int64_t function_id = 0;
+  std::string function;
+  std::vector<int64_t> children;
+  int64_t pool_bytes = 0;
+  int64_t num_outputs = 0;
+  std::string input_kinds;  // one letter per flat input: S(tatic), M(anaged), C(opied)
+  int64_t live_outputs = 0;
+  int64_t replays = 0;
+  bool on_current_path = false;
+};
+
+struct TreeInfo {
+  std::string device;
+  std::string backend;
+  std::string state = "none";
+  int64_t generation = 0;
+  int64_t num_nodes = 0;
+  int64_t num_roots = 0;
+  int64_t num_checkpoints = 0;
+  int64_t num_rerecords = 0;
+  int64_t num_fallbacks = 0;
+  int64_t num_warmups = 0;
+  int64_t num_recordings = 0;
+  int64_t num_replays = 0;
+  int64_t num_invalidations = 0;
+  int64_t num_evictions = 0;
+  int64_t num_migrations = 0;  // gradients copied out of the pool instead of invalidated
+  int64_t retired_trees = 0;   // filled by the registry: trees retired after a failed restore
+  int64_t leaked_bytes = 0;    // filled by the registry: bytes a half-done restore left behind
+  bool pending_backward = false;
+  int64_t live_outputs = 0;
+  int64_t current_node = -1;
+  PoolStats pool;
+  std::vector<NodeInfo> nodes;  // depth first, children in recording order
+};
+
+// Graphviz DOT: nodes labelled with their function and the bytes they write; nodes with live
+// outputs are filled; the current path is bold.
+std::string toDot(const TreeInfo& info);
+
+// "1.5 MiB", "12.0 KiB", "512 B".
+std::string bytesString(int64_t n);
+
+}  // namespace graphtrees
