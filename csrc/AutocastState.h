@@ -14,3 +14,29 @@ TORCH_API c10::ScalarType get_autocast_dtype(c10::DeviceType device_type);
 TORCH_API bool is_autocast_cache_enabled();
 TORCH_API void set_autocast_cache_enabled(bool enabled);
 }  // namespace at::autocast
+
+namespace graphtrees {
+
+// Note [Autocast and recordings]
+// Under autocast with its cache enabled, a cast of a leaf tensor that requires grad (a parameter)
+// is made once per autocast region and cached. A warmup would leave that cache's copies in the
+// pool, untracked, and a capture would reuse them instead of recording the casts: the graph would
+// read memory that is freed and reused when the region ends, and never see parameter updates.
+// Warmups, captures and replays therefore run with the cache disabled (the casts become part of
+// the recording), and the autocast state is part of the call signature (GraphedCallable).
+class AutocastCacheOff {
+ public:
+  AutocastCacheOff() : prev_(at::autocast::is_autocast_cache_enabled()) {
+    if (prev_) at::autocast::set_autocast_cache_enabled(false);
+  }
+  ~AutocastCacheOff() {
+    if (prev_) at::autocast::set_autocast_cache_enabled(true);
+  }
+  AutocastCacheOff(const AutocastCacheOff&) = delete;
+  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
+
+ private:
+  bool prev_;
+};
+
+}  // namespace graphtrees

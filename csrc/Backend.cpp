@@ -1,5 +1,7 @@
 #include "Backend.h"
 
+#include "Logging.h"
+
 #include <algorithm>
 
 namespace graphtrees {
@@ -18,6 +20,16 @@ void mergeIntervals(std::vector<Interval>* intervals) {
     }
   }
   v.resize(n);
+}
+
+PoolRoutingGuard::~PoolRoutingGuard() {
+  if (!active_) return;
+  try {
+    backend_.endAllocateToPool();
+  } catch (const std::exception& e) {
+    logMessage(LogLevel::kWarning,
+               std::string("ending the pool routing after an error failed too: ") + e.what());
+  }
 }
 
 }  // namespace graphtrees

@@ -150,6 +150,28 @@ class Backend {
   virtual PoolStats stats() = 0;
 };
 
+// Routes this thread's allocations into the pool. end() ends the routing on the success path and
+// lets its errors (an asynchronous device error surfacing at the synchronisation) propagate; on
+// the error path the destructor ends it and turns its errors into a warning, so that the
+// original error is the one that propagates.
+class PoolRoutingGuard {
+ public:
+  explicit PoolRoutingGuard(Backend& backend) : backend_(backend) {
+    backend_.beginAllocateToPool();
+  }
+  void end() {
+    active_ = false;
+    backend_.endAllocateToPool();
+  }
+  ~PoolRoutingGuard();  // ends the routing if end() was not called; never throws
+  PoolRoutingGuard(const PoolRoutingGuard&) = delete;
+  PoolRoutingGuard& operator=(const PoolRoutingGuard&) = delete;
+
+ private:
+  Backend& backend_;
+  bool active_ = true;
+};
+
 // Sorts and merges overlapping or touching intervals in place.
 void mergeIntervals(std::vector<Interval>* intervals);
 

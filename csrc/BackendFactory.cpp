@@ -37,6 +37,10 @@ std::vector<std::string> compiledBackends() {
 #endif
 }
 
+void noteUndispatchedHostRead(const char* what) {
+  noteHostSync(what);
+}
+
 std::vector<int64_t> cpuPoolTotals() {
   return CpuPool::globalStats();
 }

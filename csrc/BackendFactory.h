@@ -20,6 +20,10 @@ std::unique_ptr<Backend> makeBackend(c10::Device device, std::string* why_not);
 // The backends compiled in ("cpu", and "cuda" when built with the CUDA backend).
 std::vector<std::string> compiledBackends();
 
+// A host read that ATen does not dispatch (Tensor.tolist()), reported by the Python layer: the CPU
+// backend rejects a capture that makes one (Note [Rejected captures] in CpuBackend.cpp).
+void noteUndispatchedHostRead(const char* what);
+
 // For the tests: {pools alive, allocated blocks, reserved bytes} over every CPU pool, released
 // ones that still have blocks in use included.
 std::vector<int64_t> cpuPoolTotals();

@@ -4,9 +4,11 @@
 // Everything here is a pure function of the snapshot.
 
 #include "Backend.h"
+#include "TreeNode.h"
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace graphtrees {
@@ -49,6 +51,12 @@ struct TreeInfo {
   PoolStats pool;
   std::vector<NodeInfo> nodes;  // depth first, children in recording order
 };
+
+// Appends one NodeInfo per node below `root` (depth first, children in recording order).
+// `live_per_node`: live outputs by node id.
+void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& path,
+                     const std::unordered_map<int64_t, int64_t>& live_per_node,
+                     std::vector<NodeInfo>* out);
 
 // Graphviz DOT: nodes labelled with their function and the bytes they write; nodes with live
 // outputs are filled; the current path is bold.

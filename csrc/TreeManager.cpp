@@ -22,58 +22,6 @@ constexpr int kMaxRunsPerGeneration = 16;
 // micro-batches before their backward) before a new step is forced.
 constexpr int kMaxPendingRuns = 64;
 
-// Routes this thread's allocations into the pool. end() ends the routing on the success path and
-// lets its errors (an asynchronous device error surfacing at the synchronisation) propagate; on
-// the error path the destructor ends it and turns its errors into a warning, so that the
-// original error is the one that propagates.
-class PoolRoutingGuard {
- public:
-  explicit PoolRoutingGuard(Backend& backend) : backend_(backend) {
-    backend_.beginAllocateToPool();
-  }
-  void end() {
-    active_ = false;
-    backend_.endAllocateToPool();
-  }
-  ~PoolRoutingGuard() {
-    if (!active_) return;
-    try {
-      backend_.endAllocateToPool();
-    } catch (const std::exception& e) {
-      logMessage(LogLevel::kWarning,
-                 std::string("ending the pool routing after an error failed too: ") + e.what());
-    }
-  }
-  PoolRoutingGuard(const PoolRoutingGuard&) = delete;
-  PoolRoutingGuard& operator=(const PoolRoutingGuard&) = delete;
-
- private:
-  Backend& backend_;
-  bool active_ = true;
-};
-
-// Note [Autocast and recordings]
-// Under autocast with its cache enabled, a cast of a leaf tensor that requires grad (a parameter)
-// is made once per autocast region and cached. A warmup would leave that cache's copies in the
-// pool, untracked, and a capture would reuse them instead of recording the casts: the graph would
-// read memory that is freed and reused when the region ends, and never see parameter updates.
-// Warmups, captures and replays therefore run with the cache disabled (the casts become part of
-// the recording), and the autocast state is part of the call signature (GraphedCallable).
-class AutocastCacheOff {
- public:
-  AutocastCacheOff() : prev_(at::autocast::is_autocast_cache_enabled()) {
-    if (prev_) at::autocast::set_autocast_cache_enabled(false);
-  }
-  ~AutocastCacheOff() {
-    if (prev_) at::autocast::set_autocast_cache_enabled(true);
-  }
-  AutocastCacheOff(const AutocastCacheOff&) = delete;
-  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
-
- private:
-  bool prev_;
-};
-
 const char* kindName(RunKind k) {
   switch (k) {
     case RunKind::kEager:
@@ -107,7 +55,8 @@ std::string whereOf(const TreeNode* node) {
 }  // namespace
 
 TreeManager::TreeManager(std::unique_ptr<Backend> backend)
-    : backend_(std::move(backend)), live_(*backend_), root_(-1, nullptr),
+    : backend_(std::move(backend)), live_(*backend_), bookkeeping_(*backend_, live_),
+      root_(-1, nullptr),
       seen_step_(currentStep()) {}
 
 TreeManager::~TreeManager() {
@@ -158,7 +107,7 @@ void TreeManager::noteGenerationRun(FunctionRecord& fn) {
 // next step can reuse their memory, and invalidated: as in PyTorch's trees, the previous step's
 // pool outputs are the next step's scratch memory. The current call's own inputs are spared.
 // Replayed outputs own nothing; they stay valid until a later replay or restore really reuses their
-// memory (see replay() and restoreCheckpoint()).
+// memory (see replay() and PoolBookkeeping).
 void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>& spare) {
   pinned_by_node_.clear();
   pinned_by_warmup_function_.clear();
@@ -178,128 +127,6 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
   pending_forwards_ = 0;
   generation_++;
   live_.startGeneration();
-}
-
-// Before anything allocates in the pool after replays, the pool's bookkeeping must describe the
-// memory that live outputs occupy. See Note [Checkpointing].
-void TreeManager::prepareToAllocate(std::vector<at::Tensor>* inputs,
-                                    const std::vector<uint8_t>& is_static) {
-  if (!bookkeeping_stale_) return;
-  if (current_ != nullptr) {
-    restoreCheckpoint(current_, inputs, is_static);
-    return;
-  }
-  // The path ended after replays. Blocks that live outputs own are allocated in the pool; replayed
-  // outputs own nothing, so the allocator may hand their memory out again: they are invalidated.
-  const auto at_risk = live_.slotsWhere([&](const LiveOutput&, const c10::StorageImpl& storage) {
-    return !live_.ownsPoolBlock(storage);
-  });
-  cloneInputsAtRisk(inputs, is_static, at_risk);
-  live_.invalidateIf([&](int64_t slot, const LiveOutput&,
-                         const c10::StorageImpl&) { return at_risk.count(slot) > 0; },
-                     "a new recording or warmup reuses its memory");
-  bookkeeping_stale_ = false;
-}
-
-void TreeManager::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
-                                    const std::vector<uint8_t>& is_static,
-                                    const std::unordered_set<int64_t>& slots_at_risk) const {
-  if (slots_at_risk.empty()) return;
-  for (size_t i = 0; i < inputs->size(); ++i) {
-    at::Tensor& t = (*inputs)[i];
-    const int64_t slot = live_.slotOf(t.storage().unsafeGetStorageImpl());
-    if (slot < 0 || !slots_at_risk.count(slot)) continue;
-    // A static input is used at its address, so a copy cannot stand in for it.
-    TORCH_CHECK(!is_static[i], "graphtrees: static input ", i,
-                " is an output of an earlier graphed run whose pool memory the next run reuses. "
-                "Pass a tensor with a stable address as a static input (e.g. .clone() it once).");
-    t = t.clone();
-  }
-}
-
-// Note [Checkpointing]
-// After node N is recorded, the pool's state is checkpointed (backend checkpoint()) together with
-// the set of output slots that were live at that moment. Replays write memory without telling the
-// allocator: afterwards its bookkeeping no longer matches what live outputs occupy (replayed
-// outputs are non-owning views of pool memory). Before the pool must allocate again -- a warmup or
-// a new recording while the path continues from N -- the pool is restored to N's checkpoint:
-//   1. every live output that owns a pool block gives up ownership (its deleter becomes a no-op),
-//      because the restore frees every block;
-//   2. the restore re-creates N's layout; blocks that were allocated in it come back as owning
-//      DataPtrs;
-//   3. each live output whose slot was live at N's checkpoint takes the DataPtr of its block
-//      (set_data_ptr_noswap), so the allocator cannot hand that memory out and the block is freed
-//      when the tensor dies;
-//   4. blocks whose tensors died since are freed (their DataPtrs are simply dropped), and live
-//      outputs that the checkpoint does not protect are invalidated: the new run may reuse them.
-// Only the allocator's bookkeeping is reset, never memory contents, so live outputs keep their
-// data.
-void TreeManager::restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs,
-                                    const std::vector<uint8_t>& is_static) {
-  if (consumeInjectedFailure(FailurePoint::kRestore)) {
-    throw RestoreFailed("simulated failure (graphtrees._C._fail_next_restores)");
-  }
-  if (node->checkpoint_ == nullptr) {  // not expected: nodes are published with a checkpoint
-    throw RestoreFailed("node " + std::to_string(node->id()) + " has no checkpoint");
-  }
-  live_.pruneGone();
-  if (!backend_->checkLiveAllocations(live_.owningBlocks())) {
-    collectGarbage();  // dead cycles may hold pool tensors
-    live_.pruneGone();
-    const auto owning = live_.owningBlocks();
-    if (!backend_->checkLiveAllocations(owning)) {
-      int64_t extra = 0;
-      for (void* p : backend_->allocatedBlocks()) extra += owning.count(p) ? 0 : 1;
-      TORCH_CHECK(false, "graphtrees: ", extra,
-                  " tensor(s) allocated in graphtrees' pool by a warmup or recording are still "
-                  "alive but were never returned by the graphed function (for example a cache "
-                  "created lazily inside forward and stored on a module or in a global). The pool "
-                  "cannot be restored for the next recording without freeing their memory. Create "
-                  "such state before wrapping the function (e.g. run it once eagerly), register "
-                  "it as a buffer before the first call, or return it.");
-    }
-  }
-  const auto& protected_slots = node->checkpoint_live_slots_;
-  std::unordered_set<int64_t> unprotected;
-  for (int64_t slot : live_.liveSlots()) {
-    if (!std::binary_search(protected_slots.begin(), protected_slots.end(), slot)) {
-      unprotected.insert(slot);
-    }
-  }
-  cloneInputsAtRisk(inputs, is_static, unprotected);
-  auto disowned = live_.disownAll();
-  RestoreResult restored;
-  try {
-    restored = backend_->restore(*node->checkpoint_);
-  } catch (const RestoreError& e) {
-    // Note [Failed restores]
-    // A restore that failed before it changed the pool (the CPU pool's restore is all or
-    // nothing) leaves every block where it was: the outputs that gave up ownership above take it
-    // back, and nothing leaks. One that failed half-way (c10's setCheckpointPoolState frees every
-    // block, then re-creates the checkpoint's layout) leaves blocks that no DataPtr will ever
-    // free: the outputs stay disowned (their memory stays readable, since a retired pool never
-    // allocates again), and every block still allocated is counted as leaked until reset().
-    if (e.poolUnchanged()) {
-      live_.reown(disowned);
-    } else {
-      try {
-        leaked_bytes_ += backend_->stats().allocated_bytes;
-      } catch (const std::exception&) {
-        // The count stays a lower bound.
-      }
-    }
-    throw RestoreFailed(std::string("restoring the pool: ") + e.what() +
-                        (e.poolUnchanged() ? " (the pool was left unchanged)"
-                                           : " (the pool was left inconsistent; its memory is "
-                                             "not reused until graphtrees.reset())"));
-  }
-  disowned.clear();
-  live_.adopt(&restored, unprotected);
-  num_checkpoints_++;
-  bookkeeping_stale_ = false;
-  logMessage(LogLevel::kDebug, "restored the pool to the checkpoint of node " +
-                                   std::to_string(node->id()) + " ('" + node->function_name_ +
-                                   "'); checkpoints so far: " + std::to_string(num_checkpoints_));
 }
 
 bool TreeManager::mustStayDeadHolds(const TreeNode& node) const {
@@ -536,7 +363,7 @@ CallResult TreeManager::runEager(FunctionRecord& fn, const std::vector<at::Tenso
 CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                                const RunFn& run) {
   std::vector<at::Tensor> ins = inputs;
-  prepareToAllocate(&ins, fn.is_static);
+  bookkeeping_.prepareToAllocate(current_, &ins, fn.is_static);
   std::vector<int64_t> unmanaged;
   for (size_t i = 0; i < ins.size(); ++i) {
     if (!fn.is_static[i] && !live_.contains(ins[i].storage().unsafeGetStorageImpl())) {
@@ -582,7 +409,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
 CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                                const RunFn& run, const CallKey& key) {
   std::vector<at::Tensor> ins = inputs;
-  prepareToAllocate(&ins, fn.is_static);
+  bookkeeping_.prepareToAllocate(current_, &ins, fn.is_static);
   live_.pruneGone();
 
   Recording rec;
@@ -663,7 +490,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   path_.push_back(raw);
   current_ = raw;
   state_ = PathState::kRecording;
-  bookkeeping_stale_ = false;
+  bookkeeping_.markExact();
   num_recordings_++;
   noteGenerationRun(fn);
   logMessage(LogLevel::kInfo, "recorded node " + std::to_string(raw->id()) + " for '" + fn.name +
@@ -696,7 +523,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
         return node.overlapsFootprint(e.ptr, e.ptr + e.nbytes);
       },
       "a replay of '" + fn.name + "' wrote to its memory");
-  bookkeeping_stale_ = true;
+  bookkeeping_.markStale();
   backend_->copyInputs(node.placeholders_, sources);
   {
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
@@ -734,7 +561,7 @@ TreeInfo TreeManager::snapshot() {
   t.generation = generation_;
   t.num_nodes = num_nodes_;
   t.num_roots = static_cast<int64_t>(root_.ownedChildren().size());
-  t.num_checkpoints = num_checkpoints_;
+  t.num_checkpoints = bookkeeping_.restores();
   t.num_rerecords = num_rerecords_;
   t.num_fallbacks = num_fallbacks_;
   t.num_warmups = num_warmups_;
@@ -747,39 +574,13 @@ TreeInfo TreeManager::snapshot() {
   t.live_outputs = static_cast<int64_t>(live_.size());
   t.current_node = current_ ? current_->id() : -1;
   t.pool = backend_->stats();
-  const auto live_per_node = live_.liveCountPerNode();
-  std::vector<const TreeNode*> stack;
-  for (auto it = root_.ownedChildren().rbegin(); it != root_.ownedChildren().rend(); ++it) {
-    stack.push_back(it->get());
-  }
-  while (!stack.empty()) {
-    const TreeNode* n = stack.back();
-    stack.pop_back();
-    NodeInfo ni;
-    ni.id = n->id();
-    ni.parent = n->parent() ? n->parent()->id() : -1;
-    ni.function_id = n->function_id_;
-    ni.function = n->function_name_;
-    for (const auto& c : n->ownedChildren()) ni.children.push_back(c->id());
-    ni.pool_bytes = n->poolBytes();
-    ni.num_outputs = static_cast<int64_t>(n->outputs_.size());
-    for (InputKind k : n->input_kinds_) {
-      ni.input_kinds += k == InputKind::kStatic ? 'S' : (k == InputKind::kManaged ? 'M' : 'C');
-    }
-    auto live = live_per_node.find(n->id());
-    ni.live_outputs = live == live_per_node.end() ? 0 : live->second;
-    ni.replays = n->replays_;
-    ni.on_current_path = std::find(path_.begin(), path_.end(), n) != path_.end();
-    t.nodes.push_back(std::move(ni));
-    for (auto it = n->ownedChildren().rbegin(); it != n->ownedChildren().rend(); ++it) {
-      stack.push_back(it->get());
-    }
-  }
+  std::vector<const TreeNode*> on_path(path_.begin(), path_.end());
+  appendNodeInfos(root_, on_path, live_.liveCountPerNode(), &t.nodes);
   return t;
 }
 
 bool TreeManager::checkPoolInvariants(std::string* why) {
-  return live_.checkInvariants(!bookkeeping_stale_, why);
+  return live_.checkInvariants(bookkeeping_.exact(), why);
 }
 
 }  // namespace graphtrees

@@ -8,6 +8,7 @@
 
 #include "Backend.h"
 #include "LiveOutputs.h"
+#include "PoolBookkeeping.h"
 #include "TreeInfo.h"
 #include "TreeNode.h"
 
@@ -62,14 +63,6 @@ struct CallResult {
   RunKind kind = RunKind::kEager;
 };
 
-// Restoring a pool checkpoint failed (PyTorch issue #140419: setCheckpointPoolState can assert
-// "Expected curr_block->next == nullptr"). Thrown before the call ran the user's function; the
-// registry retires the tree and runs the call again on a fresh one.
-class RestoreFailed : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 class TreeManager {
  public:
   explicit TreeManager(std::unique_ptr<Backend> backend);
@@ -104,7 +97,7 @@ class TreeManager {
   c10::Device device() const { return backend_->device(); }
   std::string backendName() const { return backend_->name(); }
   // Pool bytes a restore that failed half-way left unreachable (Note [Failed restores]).
-  int64_t leakedBytes() const { return leaked_bytes_; }
+  int64_t leakedBytes() const { return bookkeeping_.leakedBytes(); }
   std::recursive_mutex& mutex() { return mutex_; }
 
  private:
@@ -123,11 +116,6 @@ class TreeManager {
   CallKey keyOf(const FunctionRecord& fn, const std::vector<at::Tensor>& inputs) const;
   void resetFunctionIfStale(FunctionRecord& fn);
   void endPath(const std::string& why, const std::vector<at::Tensor>& spare);
-  void prepareToAllocate(std::vector<at::Tensor>* inputs, const std::vector<uint8_t>& is_static);
-  void restoreCheckpoint(TreeNode* node, std::vector<at::Tensor>* inputs,
-                         const std::vector<uint8_t>& is_static);
-  void cloneInputsAtRisk(std::vector<at::Tensor>* inputs, const std::vector<uint8_t>& is_static,
-                         const std::unordered_set<int64_t>& slots_at_risk) const;
   bool mustStayDeadHolds(const TreeNode& node) const;
 
   CallResult runEager(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run,
@@ -145,13 +133,11 @@ class TreeManager {
   std::unique_ptr<Backend> backend_;
   std::recursive_mutex mutex_;
   LiveOutputs live_;
-  TreeNode root_;  // sentinel: its children are the roots
+  PoolBookkeeping bookkeeping_;  // Note [Checkpointing]
+  TreeNode root_;                // sentinel: its children are the roots
   std::vector<TreeNode*> path_;
   TreeNode* current_ = nullptr;
   PathState state_ = PathState::kNone;
-  // A replay happened since the pool's bookkeeping last described exactly what live outputs
-  // occupy (replays write memory without telling the allocator; Note [Checkpointing]).
-  bool bookkeeping_stale_ = false;
   bool closed_ = false;
   int64_t generation_ = 0;
   int64_t seen_step_ = 0;
@@ -166,7 +152,6 @@ class TreeManager {
   std::unordered_map<int64_t, std::vector<at::Tensor>> pinned_by_node_;
   std::unordered_map<int64_t, std::vector<at::Tensor>> pinned_by_warmup_function_;
 
-  int64_t num_checkpoints_ = 0;
   int64_t num_rerecords_ = 0;
   int64_t num_fallbacks_ = 0;
   int64_t num_warmups_ = 0;
@@ -174,7 +159,6 @@ class TreeManager {
   int64_t num_replays_ = 0;
   int64_t num_evictions_ = 0;
   int64_t num_nodes_ = 0;
-  int64_t leaked_bytes_ = 0;
 };
 
 }  // namespace graphtrees

@@ -3,7 +3,6 @@
 // proper types (ValueError, TypeError, ...) and TORCH_WARN reaches the warnings module.
 
 #include "BackendFactory.h"
-#include "CpuBackend.h"
 #include "GraphedCallable.h"
 #include "Logging.h"
 #include "ProcessState.h"
@@ -246,7 +245,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Testing hook: the next n arrivals at `point` fail (restore, backend_restore, "
         "partial_restore, checkpoint, capture_end, end_allocate, release_pool).");
   m.def(
-      "_note_host_sync", [](const std::string& what) { noteHostSync(what.c_str()); },
+      "_note_host_sync", [](const std::string& what) { noteUndispatchedHostRead(what.c_str()); },
       py::arg("what"),
       "Reports a host read that ATen does not dispatch (Tensor.tolist) on this thread.");
   m.def("_cpu_pool_totals", &cpuPoolTotals,

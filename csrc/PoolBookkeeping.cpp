@@ -1,0 +1,135 @@
+#include "PoolBookkeeping.h"
+
+#include "Logging.h"
+#include "ProcessState.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <string>
+
+namespace graphtrees {
+
+// Before anything allocates in the pool after replays, the pool's bookkeeping must describe the
+// memory that live outputs occupy. See Note [Checkpointing].
+void PoolBookkeeping::prepareToAllocate(TreeNode* current, std::vector<at::Tensor>* inputs,
+                                        const std::vector<uint8_t>& is_static) {
+  if (!stale_) return;
+  if (current != nullptr) {
+    restore(current, inputs, is_static);
+    return;
+  }
+  // The path ended after replays. Blocks that live outputs own are allocated in the pool; replayed
+  // outputs own nothing, so the allocator may hand their memory out again: they are invalidated.
+  const auto at_risk = live_.slotsWhere([&](const LiveOutput&, const c10::StorageImpl& storage) {
+    return !live_.ownsPoolBlock(storage);
+  });
+  cloneInputsAtRisk(inputs, is_static, at_risk);
+  live_.invalidateIf([&](int64_t slot, const LiveOutput&,
+                         const c10::StorageImpl&) { return at_risk.count(slot) > 0; },
+                     "a new recording or warmup reuses its memory");
+  stale_ = false;
+}
+
+void PoolBookkeeping::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
+                                    const std::vector<uint8_t>& is_static,
+                                    const std::unordered_set<int64_t>& slots_at_risk) const {
+  if (slots_at_risk.empty()) return;
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    at::Tensor& t = (*inputs)[i];
+    const int64_t slot = live_.slotOf(t.storage().unsafeGetStorageImpl());
+    if (slot < 0 || !slots_at_risk.count(slot)) continue;
+    // A static input is used at its address, so a copy cannot stand in for it.
+    TORCH_CHECK(!is_static[i], "graphtrees: static input ", i,
+                " is an output of an earlier graphed run whose pool memory the next run reuses. "
+                "Pass a tensor with a stable address as a static input (e.g. .clone() it once).");
+    t = t.clone();
+  }
+}
+
+// Note [Checkpointing]
+// After node N is recorded, the pool's state is checkpointed (backend checkpoint()) together with
+// the set of output slots that were live at that moment. Replays write memory without telling the
+// allocator: afterwards its bookkeeping no longer matches what live outputs occupy (replayed
+// outputs are non-owning views of pool memory). Before the pool must allocate again -- a warmup or
+// a new recording while the path continues from N -- the pool is restored to N's checkpoint:
+//   1. every live output that owns a pool block gives up ownership (its deleter becomes a no-op),
+//      because the restore frees every block;
+//   2. the restore re-creates N's layout; blocks that were allocated in it come back as owning
+//      DataPtrs;
+//   3. each live output whose slot was live at N's checkpoint takes the DataPtr of its block
+//      (set_data_ptr_noswap), so the allocator cannot hand that memory out and the block is freed
+//      when the tensor dies;
+//   4. blocks whose tensors died since are freed (their DataPtrs are simply dropped), and live
+//      outputs that the checkpoint does not protect are invalidated: the new run may reuse them.
+// Only the allocator's bookkeeping is reset, never memory contents, so live outputs keep their
+// data.
+void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
+                              const std::vector<uint8_t>& is_static) {
+  if (consumeInjectedFailure(FailurePoint::kRestore)) {
+    throw RestoreFailed("simulated failure (graphtrees._C._fail_next_restores)");
+  }
+  if (node->checkpoint_ == nullptr) {  // not expected: nodes are published with a checkpoint
+    throw RestoreFailed("node " + std::to_string(node->id()) + " has no checkpoint");
+  }
+  live_.pruneGone();
+  if (!backend_.checkLiveAllocations(live_.owningBlocks())) {
+    collectGarbage();  // dead cycles may hold pool tensors
+    live_.pruneGone();
+    const auto owning = live_.owningBlocks();
+    if (!backend_.checkLiveAllocations(owning)) {
+      int64_t extra = 0;
+      for (void* p : backend_.allocatedBlocks()) extra += owning.count(p) ? 0 : 1;
+      TORCH_CHECK(false, "graphtrees: ", extra,
+                  " tensor(s) allocated in graphtrees' pool by a warmup or recording are still "
+                  "alive but were never returned by the graphed function (for example a cache "
+                  "created lazily inside forward and stored on a module or in a global). The pool "
+                  "cannot be restored for the next recording without freeing their memory. Create "
+                  "such state before wrapping the function (e.g. run it once eagerly), register "
+                  "it as a buffer before the first call, or return it.");
+    }
+  }
+  const auto& protected_slots = node->checkpoint_live_slots_;
+  std::unordered_set<int64_t> unprotected;
+  for (int64_t slot : live_.liveSlots()) {
+    if (!std::binary_search(protected_slots.begin(), protected_slots.end(), slot)) {
+      unprotected.insert(slot);
+    }
+  }
+  cloneInputsAtRisk(inputs, is_static, unprotected);
+  auto disowned = live_.disownAll();
+  RestoreResult restored;
+  try {
+    restored = backend_.restore(*node->checkpoint_);
+  } catch (const RestoreError& e) {
+    // Note [Failed restores]
+    // A restore that failed before it changed the pool (the CPU pool's restore is all or
+    // nothing) leaves every block where it was: the outputs that gave up ownership above take it
+    // back, and nothing leaks. One that failed half-way (c10's setCheckpointPoolState frees every
+    // block, then re-creates the checkpoint's layout) leaves blocks that no DataPtr will ever
+    // free: the outputs stay disowned (their memory stays readable, since a retired pool never
+    // allocates again), and every block still allocated is counted as leaked until reset().
+    if (e.poolUnchanged()) {
+      live_.reown(disowned);
+    } else {
+      try {
+        leaked_bytes_ += backend_.stats().allocated_bytes;
+      } catch (const std::exception&) {
+        // The count stays a lower bound.
+      }
+    }
+    throw RestoreFailed(std::string("restoring the pool: ") + e.what() +
+                        (e.poolUnchanged() ? " (the pool was left unchanged)"
+                                           : " (the pool was left inconsistent; its memory is "
+                                             "not reused until graphtrees.reset())"));
+  }
+  disowned.clear();
+  live_.adopt(&restored, unprotected);
+  restores_++;
+  stale_ = false;
+  logMessage(LogLevel::kDebug, "restored the pool to the checkpoint of node " +
+                                   std::to_string(node->id()) + " ('" + node->function_name_ +
+                                   "'); checkpoints so far: " + std::to_string(restores_));
+}
+
+}  // namespace graphtrees

@@ -1,0 +1,63 @@
+#pragma once
+
+// Keeps the pool's bookkeeping describing the memory that live outputs occupy, which replays
+// break (they write memory without telling the allocator): the checkpoint-and-restore protocol
+// of Note [Checkpointing], and what a failed restore leaves behind (Note [Failed restores]).
+
+#include "Backend.h"
+#include "LiveOutputs.h"
+#include "TreeNode.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <unordered_set>
+#include <vector>
+
+namespace graphtrees {
+
+// Restoring a pool checkpoint failed (PyTorch issue #140419: setCheckpointPoolState can assert
+// "Expected curr_block->next == nullptr"). Thrown before the call ran the user's function; the
+// registry retires the tree and runs the call again on a fresh one.
+class RestoreFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class PoolBookkeeping {
+ public:
+  PoolBookkeeping(Backend& backend, LiveOutputs& live) : backend_(backend), live_(live) {}
+
+  // A replay wrote pool memory without telling the allocator.
+  void markStale() { stale_ = true; }
+  // A recording just ended: the allocator saw every allocation.
+  void markExact() { stale_ = false; }
+  bool exact() const { return !stale_; }
+
+  // Called before anything allocates in the pool (a warmup, placeholders, a capture). If replays
+  // made the bookkeeping stale, restores the checkpoint of `current` (the node the path continues
+  // from) or, when the path ended, invalidates the live outputs that own nothing. Live outputs it
+  // must invalidate that are also this call's inputs are replaced by clones in `inputs` (a static
+  // input cannot be: that is an error). Throws RestoreFailed when the restore fails.
+  void prepareToAllocate(TreeNode* current, std::vector<at::Tensor>* inputs,
+                         const std::vector<uint8_t>& is_static);
+
+  int64_t restores() const { return restores_; }
+  // Pool bytes a restore that failed half-way left unreachable.
+  int64_t leakedBytes() const { return leaked_bytes_; }
+
+ private:
+  void restore(TreeNode* node, std::vector<at::Tensor>* inputs,
+               const std::vector<uint8_t>& is_static);
+  void cloneInputsAtRisk(std::vector<at::Tensor>* inputs, const std::vector<uint8_t>& is_static,
+                         const std::unordered_set<int64_t>& slots_at_risk) const;
+
+  Backend& backend_;
+  LiveOutputs& live_;
+  bool stale_ = false;
+  int64_t restores_ = 0;
+  int64_t leaked_bytes_ = 0;
+};
+
+}  // namespace graphtrees
