@@ -9,6 +9,7 @@ Environment switches (read once, printed at build time):
 
 import glob
 import os
+import re
 import shutil
 
 from setuptools import find_packages, setup
@@ -36,6 +37,8 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 import torch
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(ROOT, "graphtrees", "_version.py")) as f:
+    VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
 USE_CUDA = os.environ.get("USE_CUDA", "1") != "0"
 FORCE_CUDA = os.environ.get("FORCE_CUDA", "0") == "1"
 DEBUG = os.environ.get("DEBUG", "0") == "1"
@@ -70,9 +73,10 @@ def get_extensions():
 
 setup(
     name="graphtrees",
-    version="0.1.0",
+    version=VERSION,
     description="CUDA Graph Trees for any PyTorch callable, with a C++ tree manager",
     packages=find_packages(include=["graphtrees", "graphtrees.*"]),
+    package_data={"graphtrees": ["py.typed", "_C.pyi"]},
     ext_modules=get_extensions(),
     cmdclass={"build_ext": BuildExtension},
     # torch.compile(model, backend="graphtrees") finds the backend through this entry point.

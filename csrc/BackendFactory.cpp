@@ -41,6 +41,12 @@ void noteUndispatchedHostRead(const char* what) {
   noteHostSync(what);
 }
 
+#ifndef GRAPHTREES_WITH_CUDA
+std::string cudaBackendDisabledReason() {
+  return "graphtrees was built without its CUDA backend";
+}
+#endif
+
 std::vector<int64_t> cpuPoolTotals() {
   return CpuPool::globalStats();
 }

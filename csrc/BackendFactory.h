@@ -19,6 +19,8 @@ std::unique_ptr<Backend> makeBackend(c10::Device device, std::string* why_not);
 
 // The backends compiled in ("cpu", and "cuda" when built with the CUDA backend).
 std::vector<std::string> compiledBackends();
+// Why CUDA tensors would run eagerly (not compiled in, not enabled, another allocator), or "".
+std::string cudaBackendDisabledReason();
 
 // A host read that ATen does not dispatch (Tensor.tolist()), reported by the Python layer: the CPU
 // backend rejects a capture that makes one (Note [Rejected captures] in CpuBackend.cpp).

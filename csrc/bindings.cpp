@@ -251,6 +251,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_cpu_pool_totals", &cpuPoolTotals,
         "[pools alive, allocated blocks, reserved bytes] over every CPU pool, released ones too.");
   m.attr("backends") = compiledBackends();
+  m.def("_cuda_backend_disabled_reason", &cudaBackendDisabledReason,
+        "Why CUDA tensors would run eagerly, or '' when the CUDA backend is enabled.");
 #ifdef TORCH_VERSION
   m.attr("built_with_torch") = TORCH_VERSION;
 #endif

@@ -15,8 +15,7 @@ from ._api import (
 )
 from ._dynamo_backend import SkipError, compile, make_backend
 from ._ext import has_ext
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "SkipError",

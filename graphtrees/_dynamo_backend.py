@@ -49,7 +49,39 @@ _DATA_DEPENDENT_OPS = {
     "aten.unique_dim",
     "aten.unique_consecutive",
     "aten.repeat_interleave",
+    # PyTorch's own forbidden list has these too (used as well where importable, see
+    # _pytorch_incompatible_node); kept here for torch versions without it.
+    "aten._assert_scalar",
+    "aten._linalg_eigh",
+    "run_and_save_rng_state",
+    "run_with_rng_state",
 }
+
+
+def _pytorch_incompatible_node(gm: torch.fx.GraphModule) -> Optional[torch.fx.Node]:
+    """The first node PyTorch's own trees refuse to record (forbidden ops, the cudagraph_unsafe
+    tag, input-dependent cases such as index_put with boolean indices, sparse outputs,
+    data-dependent shapes), where this torch provides the check."""
+    try:
+        from torch._inductor.utils import get_first_incompatible_cudagraph_node
+    except ImportError:  # pragma: no cover - older torch
+        return None
+    try:
+        return get_first_incompatible_cudagraph_node(gm)
+    except Exception:  # noqa: BLE001 - a check of ours must not break compilation
+        return None
+
+
+def _pytorch_mutated_inputs(gm: torch.fx.GraphModule) -> set:
+    """Input indices PyTorch's cudagraphs backend finds mutated, where importable."""
+    try:
+        from torch._dynamo.backends.cudagraphs import find_input_mutations
+    except ImportError:  # pragma: no cover - older torch
+        return set()
+    try:
+        return set(find_input_mutations(gm.graph))
+    except Exception:  # noqa: BLE001
+        return set()
 
 
 class SkipError(RuntimeError):
@@ -124,22 +156,41 @@ def skip_reason(gm: torch.fx.GraphModule, static_idxs: Sequence[int]) -> Optiona
             continue
         name = str(getattr(n.target, "_overloadpacket", n.target))
         tags = getattr(n.target, "tags", ())
-        if name in _DATA_DEPENDENT_OPS or (unsafe_tag is not None and unsafe_tag in tags):
+        if (name in _DATA_DEPENDENT_OPS or str(n.target) in _DATA_DEPENDENT_OPS
+                or (unsafe_tag is not None and unsafe_tag in tags)):
             return f"incompatible op {name}{_where(n)}"
         if _has_unbacked(n.meta.get("val")):
             return f"data-dependent shape from {name}{_where(n)}"
         if "cuda" in devices and any(t.device.type == "cpu" and t.dim() > 0
                                      for t in _tensor_vals(n.meta.get("val"))):
             return f"CPU op {name} inside a CUDA graph{_where(n)}"
+    unsafe = _pytorch_incompatible_node(gm)
+    if unsafe is not None:
+        name = str(getattr(unsafe.target, "_overloadpacket", unsafe.target))
+        if _has_unbacked(unsafe.meta.get("val")):
+            return f"data-dependent shape from {name}{_where(unsafe)}"
+        return f"incompatible op {name}{_where(unsafe)}"
     static = set(static_idxs)
-    for idx, node in sorted(_mutated_inputs(gm).items()):
+    ours = _mutated_inputs(gm)
+    for idx in sorted(set(ours) | _pytorch_mutated_inputs(gm)):
         if idx not in static:
-            return f"mutation of eager input #{idx} by {node.target}{_where(node)}"
+            node = ours.get(idx)
+            by = f" by {node.target}{_where(node)}" if node is not None else ""
+            return f"mutation of eager input #{idx}{by}"
     return None
 
 
+def _num_fixed_arguments(num_dynamo_inputs: int, num_aot_inputs: int) -> int:
+    """Leading AOT forward inputs with fixed addresses (lifted parameters and buffers)."""
+    try:
+        from torch._inductor.utils import num_fw_fixed_arguments
+    except ImportError:  # pragma: no cover - older torch
+        return max(0, num_aot_inputs - num_dynamo_inputs)
+    return max(0, num_fw_fixed_arguments(num_dynamo_inputs, num_aot_inputs))
+
+
 def _forward_static_indices(num_dynamo_inputs: int, aot_inputs: Sequence[Any]) -> List[int]:
-    static = set(range(max(0, len(aot_inputs) - num_dynamo_inputs)))  # params lifted by AOT
+    static = set(range(_num_fixed_arguments(num_dynamo_inputs, len(aot_inputs))))
     from torch._guards import TracingContext
 
     ctx = TracingContext.try_get()
@@ -223,24 +274,6 @@ def _wrap(opts: _Options, compiled: Callable[[list], Any], gm: torch.fx.GraphMod
     return boxed
 
 
-def _patch_dynamo_reset() -> None:
-    """Makes torch._dynamo.reset() free graphtrees' trees too (it frees PyTorch's own)."""
-    import torch._dynamo
-
-    current = torch._dynamo.reset
-    if getattr(current, "_graphtrees", False):
-        return
-
-    @functools.wraps(current)
-    def reset(*args, **kwargs):
-        result = current(*args, **kwargs)
-        get_ext().reset()
-        return result
-
-    reset._graphtrees = True
-    torch._dynamo.reset = reset
-
-
 def make_backend(**options) -> Callable:
     """A dynamo backend (for ``torch.compile(backend=...)``) with graphtrees options:
     inner ("inductor" or "aot_eager"), max_recorded_shapes, strict, warmup_iters,
@@ -248,7 +281,6 @@ def make_backend(**options) -> Callable:
     opts = _Options(**options)
 
     def graphtrees_backend(gm: torch.fx.GraphModule, example_inputs: List[Any]):
-        _patch_dynamo_reset()
         graph = f"graph{next(_graph_counter)}"
         forward_static: List[int] = []
         forward_static_aliases: List[str] = []
@@ -300,7 +332,14 @@ def make_backend(**options) -> Callable:
         with torch._functorch.config.patch(enable_autograd_cache=False):
             return compile_fx(gm, example_inputs, inner_compile=inner_compile)
 
+    # torch._dynamo.reset() calls reset() on every backend it compiled with: free the trees.
+    graphtrees_backend.reset = _reset_trees
     return graphtrees_backend
+
+
+def _reset_trees() -> None:
+    if has_ext():
+        get_ext().reset()
 
 
 # The backend registered as "graphtrees" (default options: inner="inductor").

@@ -1,4 +1,5 @@
-"""`python -m graphtrees.info`: versions, backends compiled in, devices seen."""
+"""`python -m graphtrees.info`: versions (the torch the extension was built against too), backends
+compiled in, whether the CUDA backend is enabled (and why not), devices seen."""
 
 import json
 import platform
@@ -24,6 +25,11 @@ def collect():
         from ._ext import _C
 
         info["backends"] = list(_C.backends)
+        info["built_with_torch"] = getattr(_C, "built_with_torch", None)
+        reason = _C._cuda_backend_disabled_reason()
+        info["cuda_backend_enabled"] = reason == ""
+        if reason:
+            info["cuda_backend_disabled_because"] = reason
     if torch.cuda.is_available():
         info["devices"] += [
             f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count())

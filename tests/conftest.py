@@ -77,6 +77,13 @@ def clean_trees():
 
 
 @pytest.fixture
+def no_grad():
+    """Graphed calls under torch.no_grad() (cudagraphify runs autograd calls eagerly)."""
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture
 def tree_logs(caplog):
     caplog.set_level(logging.DEBUG, logger="graphtrees")
     return caplog

@@ -1,8 +1,12 @@
 """Shared test helpers."""
 
+import os
+
 import torch
 
 import graphtrees
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
 def info(device):

@@ -10,11 +10,7 @@ from helpers import assert_invariants, info
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
 
-
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("no_grad")
 
 
 # Control flow on tensor values (`if x.sum() > 0`) is a host sync: the recording is rejected and

@@ -6,19 +6,12 @@ import sys
 
 import pytest
 import torch
-from helpers import assert_invariants, info, live_pool_blocks
+from helpers import ROOT, assert_invariants, info, live_pool_blocks
 
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
 
-pytestmark = pytest.mark.needs_cuda
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
+pytestmark = [pytest.mark.needs_cuda, pytest.mark.usefixtures("no_grad")]
 
 
 def test_replay_runs_no_python():

@@ -1,10 +1,9 @@
 """The examples run as README says and check themselves against eager execution."""
 
-import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 
 def _run(*args):

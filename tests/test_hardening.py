@@ -10,18 +10,12 @@ import sys
 
 import pytest
 import torch
-from helpers import assert_invariants, info
+from helpers import ROOT, assert_invariants, info
 
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("no_grad")
 
 
 def inject(point, n=1):

@@ -7,10 +7,9 @@ import sys
 
 import pytest
 import torch
+from helpers import ROOT
 
 import graphtrees
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(code):
@@ -88,3 +87,40 @@ def test_every_symbol_of_the_extension_resolves_against_this_torch():
     r = subprocess.run([sys.executable, "-c", "import torch, graphtrees._C; print('ok')"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_info_reports_the_build_and_the_cuda_backend():
+    r = subprocess.run([sys.executable, "-m", "graphtrees.info"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    data = json.loads(r.stdout.strip().splitlines()[-1])
+    assert data["built_with_torch"] == torch.__version__.split("+")[0]
+    assert isinstance(data["cuda_backend_enabled"], bool)
+    if not data["cuda_backend_enabled"]:
+        assert data["cuda_backend_disabled_because"]
+
+
+def test_type_stub_matches_the_extension():
+    import ast
+
+    import graphtrees._C as C
+
+    stub = ast.parse(open(os.path.join(ROOT, "graphtrees", "_C.pyi")).read())
+    declared = set()
+    for node in stub.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            declared.add(node.name)
+        elif isinstance(node, ast.AnnAssign):
+            declared.add(node.target.id)
+    public = {n for n in dir(C) if not n.startswith("__")}
+    assert declared == public, (sorted(public - declared), sorted(declared - public))
+    assert os.path.exists(os.path.join(ROOT, "graphtrees", "py.typed"))
+
+
+def test_version_has_one_source():
+    import re
+
+    setup = open(os.path.join(ROOT, "setup.py")).read()
+    assert "version=VERSION" in setup and not re.search(r'version="\d', setup)
+    from graphtrees._version import __version__
+
+    assert graphtrees.__version__ == __version__

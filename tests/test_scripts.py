@@ -6,8 +6,7 @@ import os
 import subprocess
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 
 def test_gpu_check_rehearsal(tmp_path):

@@ -12,11 +12,7 @@ from helpers import assert_invariants, assert_overwritten, info, pool_allocated_
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
 
-
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
+pytestmark = pytest.mark.usefixtures("no_grad")
 
 
 def test_warmup_record_replay_counts(device):

@@ -433,21 +433,24 @@ PoolStats CudaBackend::stats() {
   return s;
 }
 
-std::unique_ptr<Backend> makeCudaBackend(c10::Device device, std::string* why_not) {
+std::string cudaBackendDisabledReason() {
   const std::string allocator = CCA::name();
   if (allocator != "native") {
-    *why_not = "the CUDA caching allocator backend is '" + allocator +
-               "' (PYTORCH_CUDA_ALLOC_CONF=backend:...); CUDA graph trees need the native caching "
-               "allocator's private pools and checkpoints";
-    return nullptr;
+    return "the CUDA caching allocator backend is '" + allocator +
+           "' (PYTORCH_CUDA_ALLOC_CONF=backend:...); CUDA graph trees need the native caching "
+           "allocator's private pools and checkpoints";
   }
   const char* enabled = std::getenv("GRAPHTREES_CUDA");
   if (enabled == nullptr || std::string(enabled) != "1") {
-    *why_not =
-        "the CUDA backend is compiled in but not yet verified on a GPU in this release; set "
-        "GRAPHTREES_CUDA=1 to use it";
-    return nullptr;
+    return "the CUDA backend is compiled in but not yet verified on a GPU in this release; set "
+           "GRAPHTREES_CUDA=1 to use it";
   }
+  return "";
+}
+
+std::unique_ptr<Backend> makeCudaBackend(c10::Device device, std::string* why_not) {
+  *why_not = cudaBackendDisabledReason();
+  if (!why_not->empty()) return nullptr;
   return std::make_unique<CudaBackend>(device);
 }
 

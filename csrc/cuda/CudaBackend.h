@@ -90,5 +90,7 @@ class CudaBackend final : public Backend {
 // native caching allocator (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync), or the backend was
 // not enabled (see README: it is enabled with GRAPHTREES_CUDA=1 until it is verified on a GPU).
 std::unique_ptr<Backend> makeCudaBackend(c10::Device device, std::string* why_not);
+// Why makeCudaBackend() would refuse, or "" when the CUDA backend is enabled.
+std::string cudaBackendDisabledReason();
 
 }  // namespace graphtrees
