@@ -37,35 +37,72 @@ struct ReplayLiveness {
 };
 
 // Replay allocations look exactly like ordinary CPU allocations to kernels: their DataPtr's
-// context is the data pointer itself (oneDNN and c10's raw_allocate assert that). The deleter
-// finds the replay the allocation belongs to through this map.
-std::mutex& replayOwnersMutex() {
+// context is the data pointer itself (oneDNN and c10's raw_allocate assert that), so the deleter
+// finds the replay an allocation belongs to from its address alone. While a replay runs, its
+// liveness is this thread's (no lock beyond its own); allocations still alive when it ends (kept
+// by the function, an error the replay reports) move to a process-wide map. An allocation freed
+// by another thread while its replay runs is not seen (it stays "alive" for that replay).
+thread_local ReplayLiveness* tls_replay = nullptr;
+
+std::mutex& escapedMutex() {
   static std::mutex m;
   return m;
 }
-std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>& replayOwners() {
+std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>& escaped() {
   static auto* owners = new std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>();
   return *owners;  // never destroyed: deleters may run during interpreter shutdown
 }
 
 bool isReplayAllocation(void* ptr) {
-  std::lock_guard<std::mutex> lock(replayOwnersMutex());
-  return replayOwners().count(reinterpret_cast<uintptr_t>(ptr)) > 0;
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  if (ReplayLiveness* l = tls_replay) {
+    std::lock_guard<std::mutex> lock(l->mutex);
+    if (l->alive.count(p)) return true;
+  }
+  std::lock_guard<std::mutex> lock(escapedMutex());
+  return escaped().count(p) > 0;
 }
 
 void replayFree(void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  if (ReplayLiveness* l = tls_replay) {
+    std::lock_guard<std::mutex> lock(l->mutex);
+    if (l->alive.erase(p)) return;
+  }
   std::shared_ptr<ReplayLiveness> liveness;
   {
-    std::lock_guard<std::mutex> lock(replayOwnersMutex());
-    auto& owners = replayOwners();
-    auto it = owners.find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == owners.end()) return;
+    std::lock_guard<std::mutex> lock(escapedMutex());
+    auto it = escaped().find(p);
+    if (it == escaped().end()) return;
     liveness = std::move(it->second);
-    owners.erase(it);
+    escaped().erase(it);
   }
   std::lock_guard<std::mutex> lock(liveness->mutex);
-  liveness->alive.erase(reinterpret_cast<uintptr_t>(ptr));
+  liveness->alive.erase(p);
 }
+
+// Makes `liveness` this thread's current replay for the guard's lifetime; on the way out, what is
+// still alive moves to the process-wide map.
+class ReplayScope {
+ public:
+  explicit ReplayScope(std::shared_ptr<ReplayLiveness> liveness)
+      : liveness_(std::move(liveness)), prev_(tls_replay) {
+    tls_replay = liveness_.get();
+  }
+  ~ReplayScope() {
+    tls_replay = prev_;
+    std::lock_guard<std::mutex> lock(liveness_->mutex);
+    if (liveness_->alive.empty()) return;
+    std::lock_guard<std::mutex> owners(escapedMutex());
+    for (const auto& kv : liveness_->alive) escaped().emplace(kv.first, liveness_);
+  }
+  ReplayScope(const ReplayScope&) = delete;
+  ReplayScope& operator=(const ReplayScope&) = delete;
+
+ private:
+  std::shared_ptr<ReplayLiveness> liveness_;
+  ReplayLiveness* prev_;
+};
 
 // Note [Rejected captures]
 // A CUDA stream capture fails when the function synchronises with the host (.item(), bool() of a
@@ -228,10 +265,6 @@ c10::DataPtr replayAllocate(RouteState* st, size_t nbytes) {
               "data-dependent part a separate, unwrapped function.");
   // Not owning pool memory: a replay writes the recorded address and the pool's bookkeeping is
   // untouched; the deleter only records that the allocation died.
-  {
-    std::lock_guard<std::mutex> lock(replayOwnersMutex());
-    replayOwners().emplace(rec[i].ptr, st->liveness);
-  }
   void* ptr = reinterpret_cast<void*>(rec[i].ptr);
   return c10::DataPtr(ptr, ptr, &replayFree, c10::Device(c10::DeviceType::CPU));
 }
@@ -298,7 +331,9 @@ class CpuGraph final : public Graph {
       : allocations_(std::move(allocations)),
         footprint_(footprintOf(allocations_)),
         outputs_(std::move(outputs)),
-        name_(std::move(name)) {}
+        name_(std::move(name)) {
+    for (const auto& o : outputs_) output_storages_.insert(reinterpret_cast<uintptr_t>(o.storage));
+  }
 
   void replay(const RunFn& run, const std::vector<at::Tensor>& call_inputs,
               const std::vector<int64_t>& copied,
@@ -310,6 +345,7 @@ class CpuGraph final : public Graph {
     st.recorded = &allocations_;
     st.function_name = &name_;
     st.liveness = std::make_shared<ReplayLiveness>();
+    ReplayScope replay_scope(st.liveness);
     std::vector<at::Tensor> outputs;
     {
       RouteGuard guard(&st);
@@ -349,12 +385,10 @@ class CpuGraph final : public Graph {
     // Anything still alive that is not an output was kept by the function (on a module, in a
     // global): the next run would overwrite it without anyone knowing.
     outputs.clear();
-    std::unordered_set<uintptr_t> output_storages;
-    for (const auto& o : outputs_) output_storages.insert(reinterpret_cast<uintptr_t>(o.storage));
     size_t kept = 0;
     {
       std::lock_guard<std::mutex> lock(st.liveness->mutex);
-      for (const auto& kv : st.liveness->alive) kept += output_storages.count(kv.first) ? 0 : 1;
+      for (const auto& kv : st.liveness->alive) kept += output_storages_.count(kv.first) ? 0 : 1;
     }
     TORCH_CHECK(kept == 0, "graphtrees: the replay of '", name_, "' kept ", kept,
                 " tensor(s) it allocated without returning them (for example a cache stored on a "
@@ -368,6 +402,7 @@ class CpuGraph final : public Graph {
   std::vector<Allocation> allocations_;
   std::vector<Interval> footprint_;
   std::vector<OutputLayout> outputs_;
+  std::unordered_set<uintptr_t> output_storages_;
   std::string name_;
 };
 

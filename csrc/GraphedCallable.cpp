@@ -192,7 +192,7 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   }
   const c10::Device device = flat.tensors[0].device();
   // Autocast changes what the function computes: a recording made under it is another function
-  // (Note [Autocast and recordings] in TreeManager.cpp).
+  // (Note [Autocast and recordings] in AutocastState.h).
   if (at::autocast::is_autocast_enabled(device.type())) {
     flat.key.push_back('A');
     flat.key.push_back(static_cast<char>(at::autocast::get_autocast_dtype(device.type())));
@@ -214,7 +214,8 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
     }
   }
   std::string why_not;
-  if (!TreeRegistry::acquire(device, true, &why_not)) return fallback(args, kwargs, flat, why_not);
+  std::shared_ptr<TreeManager> found = TreeRegistry::find(device, &why_not);
+  if (found == nullptr) return fallback(args, kwargs, flat, why_not);
 
   const std::shared_ptr<Signature> sig_holder = signatureFor(flat, device);
   Signature& sig = *sig_holder;
@@ -252,7 +253,7 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   CallResult r;
   TreeRegistry::Handle tree;
   try {
-    tree = TreeRegistry::call(device, sig.record, flat.tensors, run, &r);
+    tree = TreeRegistry::call(std::move(found), sig.record, flat.tensors, run, &r);
   } catch (py::error_already_set& e) {
     clearTracebackFrames(e);
     throw;

@@ -74,7 +74,8 @@ bool LiveOutputs::anyLiveInGeneration(int64_t generation) const {
 }
 
 void LiveOutputs::pruneGone() {
-  invalidateIf([](int64_t, const LiveOutput&, const c10::StorageImpl&) { return false; }, "");
+  invalidateIf([](int64_t, const LiveOutput&, const c10::StorageImpl&) { return false; },
+               [] { return std::string(); });
 }
 
 std::vector<int64_t> LiveOutputs::liveSlots() const {
@@ -172,12 +173,13 @@ void LiveOutputs::adopt(RestoreResult* restored, const std::unordered_set<int64_
         by_ptr.erase(found);
         return false;
       },
-      "the pool was restored for a new run of the tree and reuses its memory");
+      [] { return std::string("the pool was restored for a new run of the tree and reuses its memory"); });
   // DataPtrs left in `restored` belong to blocks whose tensors died: dropping them frees them.
 }
 
 void LiveOutputs::invalidateAll(const std::string& why) {
-  invalidateIf([](int64_t, const LiveOutput&, const c10::StorageImpl&) { return true; }, why);
+  invalidateIf([](int64_t, const LiveOutput&, const c10::StorageImpl&) { return true; },
+               [&] { return why; });
   live_.clear();
   slot_of_.clear();
   generation_slots_.clear();

@@ -77,17 +77,20 @@ class LiveOutputs {
   // Drops entries whose storage is gone.
   void pruneGone();
   // Invalidates (Note [Output ownership]) and drops every live entry for which
-  // `pred(slot, entry, storage)` holds; drops gone entries on the way. Returns how many were
-  // invalidated or migrated.
-  template <typename Pred>
-  int64_t invalidateIf(Pred pred, const std::string& why) {
+  // `pred(slot, entry, storage)` holds; drops gone entries on the way. `why()` gives the reason
+  // for the error message; it is called only if something is invalidated (this runs on every
+  // replay). Returns how many were invalidated or migrated.
+  template <typename Pred, typename Why>
+  int64_t invalidateIf(Pred pred, Why why) {
     int64_t n = 0;
+    std::string reason;
     for (auto it = live_.begin(); it != live_.end();) {
       auto strong = it->second.weak.lock();
       if (!strong || isGone(it->second, *strong)) {
         it = erase(it);
       } else if (pred(it->first, it->second, *strong)) {
-        invalidate(it->second, *strong, why);
+        if (n == 0) reason = why();
+        invalidate(it->second, *strong, reason);
         it = erase(it);
         n++;
       } else {

@@ -27,7 +27,7 @@ void PoolBookkeeping::prepareToAllocate(TreeNode* current, std::vector<at::Tenso
   cloneInputsAtRisk(inputs, is_static, at_risk);
   live_.invalidateIf([&](int64_t slot, const LiveOutput&,
                          const c10::StorageImpl&) { return at_risk.count(slot) > 0; },
-                     "a new recording or warmup reuses its memory");
+                     [] { return std::string("a new recording or warmup reuses its memory"); });
   stale_ = false;
 }
 

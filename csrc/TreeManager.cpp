@@ -48,6 +48,23 @@ std::vector<int64_t> versionsOf(const std::vector<at::Tensor>& tensors,
   return v;
 }
 
+// Whether no two elements of `t` share memory (dense, or strided with gaps such as a slice); an
+// expanded tensor (stride 0) overlaps.
+bool elementsDoNotOverlap(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) return true;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that matter
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the furthest element offset the smaller-stride dims reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) return false;
+    reach += stride * (size - 1);
+  }
+  return true;
+}
+
 std::string whereOf(const TreeNode* node) {
   return node ? "node " + std::to_string(node->id()) : "the root";
 }
@@ -117,7 +134,7 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
       [&](int64_t, const LiveOutput&, const c10::StorageImpl& storage) {
         return live_.ownsPoolBlock(storage) && !spared.count(&storage);
       },
-      "a new step began: " + why);
+      [&] { return "a new step began: " + why; });
   if (current_ != nullptr || state_ != PathState::kNone) {
     logMessage(LogLevel::kDebug, "path ended: " + why);
   }
@@ -307,7 +324,8 @@ void TreeManager::removeNode(TreeNode* node, const std::string& why) {
   while (!node->ownedChildren().empty()) removeNode(node->ownedChildren().back().get(), why);
   pinned_by_node_.erase(node->id());
   live_.invalidateIf(
-      [&](int64_t, const LiveOutput& e, const c10::StorageImpl&) { return e.node == node; }, why);
+      [&](int64_t, const LiveOutput& e, const c10::StorageImpl&) { return e.node == node; },
+      [&] { return why; });
   TreeNode* parent = node->parent() != nullptr ? node->parent() : &root_;
   num_nodes_--;
   parent->removeChild(node);  // destroys node
@@ -427,7 +445,10 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
     for (size_t i = 0; i < ins.size(); ++i) {
       if (key.kinds[i] != InputKind::kCopied) continue;
       const at::Tensor& src = ins[i];
-      rec.dense[i] = src.is_non_overlapping_and_dense() ? 1 : 0;
+      // The placeholder keeps the caller's strides (a compiled graph was made for them), gaps
+      // included (a slice such as tokens[:, :-1]); only an input whose elements overlap (an
+      // expanded tensor) gets a contiguous placeholder, since nothing can be copied into it.
+      rec.dense[i] = elementsDoNotOverlap(src) ? 1 : 0;
       at::Tensor ph = rec.dense[i] ? at::empty_strided(src.sizes(), src.strides(), src.options())
                                    : at::empty(src.sizes(), src.options());
       ph.copy_(src);
@@ -522,7 +543,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
       [&](int64_t, const LiveOutput& e, const c10::StorageImpl&) {
         return node.overlapsFootprint(e.ptr, e.ptr + e.nbytes);
       },
-      "a replay of '" + fn.name + "' wrote to its memory");
+      [&] { return "a replay of '" + fn.name + "' wrote to its memory"; });
   bookkeeping_.markStale();
   backend_->copyInputs(node.placeholders_, sources);
   {

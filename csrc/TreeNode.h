@@ -81,7 +81,7 @@ struct Recording {
   std::vector<uintptr_t> key_ptrs;  // Note [Matching a child]
   uint64_t key_hash = 0;
   std::vector<int64_t> copied;      // flat indices of copied inputs
-  std::vector<uint8_t> dense;       // per flat input: its placeholder kept the caller's strides
+  std::vector<uint8_t> dense;       // per flat input: the placeholder has the caller's strides
   std::vector<at::Tensor> inputs;   // what the capture ran on (placeholders at copied positions)
   std::vector<at::Tensor> outputs;  // what the capture returned
   std::unique_ptr<Graph> graph;

@@ -12,9 +12,15 @@ namespace graphtrees {
 
 namespace {
 
+using DeviceKey = std::pair<int, int>;  // (device type, index): no string on the call path
+
+DeviceKey keyOf(c10::Device device) {
+  return {static_cast<int>(device.type()), static_cast<int>(device.index())};
+}
+
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, std::shared_ptr<TreeManager>> trees;  // by device
+  std::map<DeviceKey, std::shared_ptr<TreeManager>> trees;
   // Trees retired after a failed restore: their outputs stay valid until resetAll().
   std::vector<std::shared_ptr<TreeManager>> retired;
   std::map<std::string, int64_t> retired_counts;
@@ -27,7 +33,7 @@ Registry& registry() {
 }
 
 std::shared_ptr<TreeManager> findOrCreate(c10::Device device, bool create, std::string* why_not) {
-  const std::string key = device.str();
+  const DeviceKey key = keyOf(device);
   std::shared_ptr<TreeManager> tree;
   {
     Registry& r = registry();
@@ -45,7 +51,7 @@ std::shared_ptr<TreeManager> findOrCreate(c10::Device device, bool create, std::
     r.trees.emplace(key, tree);
   }
   // Logged outside the registry's lock: the log sink takes the GIL.
-  logMessage(LogLevel::kDebug, "created the tree for " + key + " (backend " +
+  logMessage(LogLevel::kDebug, "created the tree for " + device.str() + " (backend " +
                                    tree->backendName() + ")");
   return tree;
 }
@@ -57,17 +63,21 @@ TreeRegistry::Handle::Handle(std::shared_ptr<TreeManager> tree)
   if (!lock_.owns_lock()) runBlocking([this] { lock_.lock(); });  // the holder may need the GIL
 }
 
+std::shared_ptr<TreeManager> TreeRegistry::find(c10::Device device, std::string* why_not) {
+  return findOrCreate(device, /*create=*/true, why_not);
+}
+
 TreeRegistry::Handle TreeRegistry::acquire(c10::Device device, bool create, std::string* why_not) {
   auto tree = findOrCreate(device, create, why_not);
   return tree ? Handle(std::move(tree)) : Handle();
 }
 
-TreeRegistry::Handle TreeRegistry::call(c10::Device device, FunctionRecord& fn,
+TreeRegistry::Handle TreeRegistry::call(std::shared_ptr<TreeManager> found, FunctionRecord& fn,
                                         const std::vector<at::Tensor>& inputs, const RunFn& run,
                                         CallResult* result) {
+  const c10::Device device = found->device();
   std::string why_not;
-  Handle tree = acquire(device, true, &why_not);
-  TORCH_CHECK(tree, "graphtrees: no tree for ", device, ": ", why_not);
+  Handle tree(std::move(found));
   try {
     *result = tree->call(fn, inputs, run);
     return tree;
@@ -88,7 +98,7 @@ void TreeRegistry::retire(const std::shared_ptr<TreeManager>& tree, const std::s
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.trees.find(key);
+    auto it = r.trees.find(keyOf(tree->device()));
     if (it == r.trees.end() || it->second != tree) return;  // already retired
     r.retired.push_back(std::move(it->second));
     r.trees.erase(it);

@@ -48,12 +48,15 @@ class TreeRegistry {
   // first use unless `create` is false; empty, with `why_not` set, when no backend can serve the
   // device.
   static Handle acquire(c10::Device device, bool create, std::string* why_not = nullptr);
+  // The device's tree, created if needed, not locked; nullptr (with `why_not`) when no backend
+  // can serve the device.
+  static std::shared_ptr<TreeManager> find(c10::Device device, std::string* why_not);
 
-  // Runs one call of `fn` on the device's tree and returns the tree, still locked (the caller
-  // rebuilds the results and runs the debug check under the lock). A restore that fails before
-  // the call ran anything retires the tree and the call runs again on a fresh one.
-  static Handle call(c10::Device device, FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
-                     const RunFn& run, CallResult* result);
+  // Runs one call of `fn` on `tree` (from find()) and returns the tree that ran it, still locked
+  // (the caller rebuilds the results and runs the debug check under the lock). A restore that
+  // fails before the call ran anything retires the tree and the call runs again on a fresh one.
+  static Handle call(std::shared_ptr<TreeManager> tree, FunctionRecord& fn,
+                     const std::vector<at::Tensor>& inputs, const RunFn& run, CallResult* result);
 
   // Frees every tree: nodes, graphs and pools; live outputs are invalidated. A tree that a call on
   // another thread is using goes when that call ends. Refused inside a graphed call. Errors of a

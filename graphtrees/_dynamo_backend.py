@@ -238,9 +238,13 @@ def _backward_static_indices(gm: torch.fx.GraphModule, forward_static: Sequence[
 
 class _Options:
     def __init__(self, inner="inductor", max_recorded_shapes=8, strict=False, warmup_iters=1,
-                 rerecord_limit=8):
+                 rerecord_limit=8, inner_options=None):
         if inner not in _INNER:
             raise ValueError(f"graphtrees: inner must be one of {_INNER}, got {inner!r}")
+        if inner_options is not None and (not isinstance(inner_options, dict) or inner != "inductor"):
+            raise ValueError("graphtrees: inner_options must be a dict of Inductor config options "
+                             "(torch._inductor.config), and needs inner='inductor'; got "
+                             f"{inner_options!r} with inner={inner!r}")
         if has_ext():  # without it, the first compiled graph reports the missing build
             get_ext()._validate_options("graphtrees", (), warmup_iters, rerecord_limit,
                                         max_recorded_shapes, 1)
@@ -249,6 +253,16 @@ class _Options:
         self.strict = bool(strict)
         self.warmup_iters = warmup_iters
         self.rerecord_limit = rerecord_limit
+        self.inner_options = dict(inner_options or {})
+
+
+_MODE_HELP = (
+    "graphtrees records the CUDA graphs itself, so torch.compile's mode= (which selects Inductor's "
+    "own cudagraphs and autotuning) does not apply to backend='graphtrees'. Pass Inductor options "
+    "through graphtrees.compile(model, inner='inductor', inner_options={...}), e.g. "
+    "inner_options={'max_autotune': True}, or through torch.compile(model, "
+    "backend='graphtrees', options={...})."
+)
 
 
 def _wrap(opts: _Options, compiled: Callable[[list], Any], gm: torch.fx.GraphModule,
@@ -277,10 +291,19 @@ def _wrap(opts: _Options, compiled: Callable[[list], Any], gm: torch.fx.GraphMod
 def make_backend(**options) -> Callable:
     """A dynamo backend (for ``torch.compile(backend=...)``) with graphtrees options:
     inner ("inductor" or "aot_eager"), max_recorded_shapes, strict, warmup_iters,
-    rerecord_limit."""
+    rerecord_limit, inner_options (Inductor config options)."""
     opts = _Options(**options)
 
-    def graphtrees_backend(gm: torch.fx.GraphModule, example_inputs: List[Any]):
+    def graphtrees_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], mode=None,
+                           options=None):
+        # torch.compile(..., backend="graphtrees", mode=/options=) hands those on here.
+        if mode not in (None, "default"):
+            raise TypeError(f"graphtrees: torch.compile(..., mode={mode!r}) is not supported. "
+                            + _MODE_HELP)
+        inner_options = {**opts.inner_options, **(options or {})}
+        if inner_options and opts.inner != "inductor":
+            raise TypeError(f"graphtrees: Inductor options {sorted(inner_options)} need "
+                            "inner='inductor'")
         graph = f"graph{next(_graph_counter)}"
         forward_static: List[int] = []
         forward_static_aliases: List[str] = []
@@ -330,7 +353,8 @@ def make_backend(**options) -> Callable:
         # AOTAutograd's cache could hand back a plain Inductor compilation of the same graph
         # without calling inner_compile, and nothing would be recorded: bypass it.
         with torch._functorch.config.patch(enable_autograd_cache=False):
-            return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+            return compile_fx(gm, example_inputs, inner_compile=inner_compile,
+                              config_patches=inner_options or None)
 
     # torch._dynamo.reset() calls reset() on every backend it compiled with: free the trees.
     graphtrees_backend.reset = _reset_trees
@@ -345,7 +369,8 @@ def _reset_trees() -> None:
 # The backend registered as "graphtrees" (default options: inner="inductor").
 graphtrees_backend = make_backend()
 
-_BACKEND_OPTIONS = ("max_recorded_shapes", "strict", "warmup_iters", "rerecord_limit")
+_BACKEND_OPTIONS = ("max_recorded_shapes", "strict", "warmup_iters", "rerecord_limit",
+                    "inner_options")
 _COMPILE_OPTIONS = ("fullgraph", "dynamic", "disable")
 
 
@@ -358,8 +383,13 @@ def compile(model: Optional[Callable] = None, *, inner: str = "inductor", **opti
             past it the least recently used one is evicted (logged, counted in tree_info).
         strict: raise instead of running a graph eagerly when it cannot be recorded.
         warmup_iters, rerecord_limit: as for :func:`graphtrees.cudagraphify`.
-        fullgraph, dynamic, disable: passed to ``torch.compile``.
+        inner_options: Inductor config options for the inner compiler (``torch._inductor.config``
+            names, e.g. ``{"max_autotune": True}``); inner="inductor" only.
+        fullgraph, dynamic, disable: passed to ``torch.compile``. ``mode=`` is refused: graphtrees
+            records the graphs itself (use inner_options for Inductor's tuning).
     """
+    if "mode" in options:
+        raise TypeError(f"graphtrees.compile: mode={options['mode']!r} is not supported. " + _MODE_HELP)
     backend_opts = {k: options.pop(k) for k in list(options) if k in _BACKEND_OPTIONS}
     compile_opts = {k: options.pop(k) for k in list(options) if k in _COMPILE_OPTIONS}
     if options:

@@ -90,6 +90,32 @@ def _capture_scope():
     return leave
 
 
+def _follow_pytorch_mark_step() -> None:
+    """Makes torch.compiler.cudagraph_mark_step_begin() mark a step for graphtrees too."""
+    import functools
+    import sys
+
+    import torch.compiler
+
+    def chained(original):
+        @functools.wraps(original)
+        def mark_step_begin(*args, **kwargs):
+            result = original(*args, **kwargs)
+            _C.mark_step_begin()
+            return result
+
+        mark_step_begin._graphtrees = True
+        return mark_step_begin
+
+    # torch.compiler's function calls torch._inductor.cudagraph_trees.mark_step_begin(): where
+    # that module is loaded already, chaining it also covers references taken before this import.
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is not None and not getattr(trees.mark_step_begin, "_graphtrees", False):
+        trees.mark_step_begin = chained(trees.mark_step_begin)
+    elif not getattr(torch.compiler.cudagraph_mark_step_begin, "_graphtrees", False):
+        torch.compiler.cudagraph_mark_step_begin = chained(torch.compiler.cudagraph_mark_step_begin)
+
+
 def _on_module_change(*args):
     _C._bump_module_epoch()
     return None
@@ -103,6 +129,7 @@ def _install() -> None:
     _C._set_log_sink(_emit)
     _C._set_collect_garbage_hook(_collect_garbage)
     _C._set_capture_scope_hook(_capture_scope)
+    _follow_pytorch_mark_step()
     module.register_module_parameter_registration_hook(_on_module_change)
     module.register_module_buffer_registration_hook(_on_module_change)
     module.register_module_module_registration_hook(_on_module_change)

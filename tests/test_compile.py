@@ -403,3 +403,54 @@ def test_inductor_inner_records_after_a_plain_inductor_compile(device):
         for _ in range(3):
             torch.testing.assert_close(compiled(x), model(x))
     assert info(device)["num_replays"] == 1
+
+
+@pytest.mark.parametrize("inner", ["inductor", "aot_eager"])
+def test_sliced_input_keeps_its_strides(device, inner):
+    # A copied input's placeholder keeps the strides the compiled graph was made for: a slice
+    # such as tokens[:, :-1] (strides (33, 1)) must not become a contiguous copy.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 50)).to(device).eval()
+    compiled = graphtrees.compile(model, inner=inner)
+    with torch.no_grad():
+        for step in range(4):
+            tokens = torch.randint(0, 50, (8, 33), device=device)
+            torch.testing.assert_close(compiled(tokens[:, :-1]), model(tokens[:, :-1]))
+    assert info(device)["num_replays"] >= 2
+
+
+def test_mode_is_refused_with_a_way_forward(device):
+    model = _mlp(device)
+    compiled = torch.compile(model, backend="graphtrees", mode="max-autotune")
+    with torch.no_grad(), pytest.raises(Exception, match="inner_options"):
+        compiled(torch.randn(2, 8, device=device))
+    with pytest.raises(TypeError, match="inner_options"):
+        graphtrees.compile(model, mode="reduce-overhead")
+    with pytest.raises(ValueError, match="inner_options must be a dict"):
+        graphtrees.compile(model, inner="aot_eager", inner_options={"max_autotune": True})
+
+
+def test_inductor_options_reach_the_inner_compiler(device, monkeypatch):
+    import torch._inductor.compile_fx as cfx
+
+    seen = []
+    real = cfx.compile_fx
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("config_patches"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cfx, "compile_fx", spy)
+    model = _mlp(device)
+    compiled = graphtrees.compile(model, inner_options={"freezing": False, "max_fusion_size": 32})
+    x = torch.randn(2, 8, device=device)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+    # (compile_fx applies its patches, then calls itself without them.)
+    assert seen and seen[0] == {"freezing": False, "max_fusion_size": 32}
+    before = len(seen)
+    via_torch = torch.compile(model, backend="graphtrees", options={"max_fusion_size": 16})
+    with torch.no_grad():
+        torch.testing.assert_close(via_torch(x), model(x))
+    assert {"max_fusion_size": 16} in seen[before:]

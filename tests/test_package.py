@@ -124,3 +124,60 @@ def test_version_has_one_source():
     from graphtrees._version import __version__
 
     assert graphtrees.__version__ == __version__
+
+
+def _includes():
+    """csrc file -> the project headers it includes."""
+    import re
+
+    csrc = os.path.join(ROOT, "csrc")
+    graph = {}
+    for d, _, files in os.walk(csrc):
+        for f in files:
+            if f.endswith((".h", ".cpp")):
+                path = os.path.relpath(os.path.join(d, f), csrc)
+                text = open(os.path.join(d, f)).read()
+                graph[path] = re.findall(r'#include "([^"]+)"', text)
+    return graph
+
+
+def test_only_the_factory_names_the_backends():
+    for path, headers in _includes().items():
+        for h in headers:
+            if h in ("CpuBackend.h", "CpuPool.h", "cuda/CudaBackend.h"):
+                allowed = {"BackendFactory.cpp", "CpuBackend.cpp", "CpuPool.cpp",
+                           "cuda/CudaBackend.cpp"}
+                assert path in allowed, f"{path} includes {h}"
+
+
+def test_no_include_cycles_and_no_oversized_files():
+    graph = _includes()
+    state = {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for dep in graph.get(node, []):
+            if state.get(dep) == "open":
+                raise AssertionError("include cycle: " + " -> ".join(stack + [node, dep]))
+            if dep not in state:
+                visit(dep, stack + [node])
+        state[node] = "done"
+
+    for node in graph:
+        if node not in state:
+            visit(node, [])
+    for path in graph:
+        lines = sum(1 for _ in open(os.path.join(ROOT, "csrc", path)))
+        assert lines <= 700, f"csrc/{path} has {lines} lines"
+
+
+def test_errors_reach_python_with_their_types():
+    C = graphtrees._ext.get_ext()
+    with pytest.raises(ValueError, match="unknown failure point"):
+        C._inject_failure("nowhere", 1)
+    with pytest.raises(TypeError, match="expects a callable"):
+        C.GraphedCallable(42)
+    with pytest.raises(ValueError, match="max_recorded_shapes must be an int >= 1"):
+        graphtrees.compile(torch.nn.Linear(2, 2), max_recorded_shapes=0)
+    with pytest.raises(TypeError, match="name must be a str"):
+        graphtrees.cudagraphify(lambda x: x, name=3)

@@ -724,3 +724,20 @@ def test_concurrent_first_calls_of_a_module(device):
         assert "overwritten" in str(e), e
     for _ in range(3):
         torch.testing.assert_close(g(x), m(x))
+
+
+def test_pytorch_mark_step_begin_marks_a_step_for_graphtrees(device):
+    # torch.compiler.cudagraph_mark_step_begin() is what PyTorch users call; it starts a new
+    # step for graphtrees too, as graphtrees.mark_step_begin() does.
+    f = cudagraphify(lambda x: x * 2)
+    h = cudagraphify(lambda a: a + 1)
+    x = torch.randn(8, device=device)
+    a = f(x)
+    g0 = info(device)["generation"]
+    h(a)  # an output of this step: the path goes on
+    assert info(device)["generation"] == g0
+    a = f(x)
+    g1 = info(device)["generation"]
+    torch.compiler.cudagraph_mark_step_begin()
+    torch.testing.assert_close(h(a), x * 2 + 1)
+    assert info(device)["generation"] == g1 + 1
