@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <iterator>
 #include <mutex>
 
 namespace graphtrees {
@@ -44,10 +45,21 @@ int64_t intOption(const std::string& who, const char* name, const py::handle& va
 }
 }  // namespace
 
-GraphOptions validateOptions(const std::string& who, const py::handle& static_argnums,
-                             const py::handle& warmup_iters, const py::handle& rerecord_limit,
-                             const py::handle& max_signatures, int64_t min_signatures) {
+GraphOptions validateOptions(const std::string& who, const py::dict& options,
+                             int64_t min_signatures) {
+  static const char* const kKnown[] = {"static_argnums", "warmup_iters",  "rerecord_limit",
+                                       "max_recorded_shapes", "on_overwrite", "chain_limit"};
+  for (auto item : options) {
+    const std::string key = py::str(item.first).cast<std::string>();
+    const bool known = std::any_of(std::begin(kKnown), std::end(kKnown),
+                                   [&](const char* k) { return key == k; });
+    TORCH_CHECK_TYPE(known, who, ": unexpected option '", key, "'");
+  }
+  auto get = [&](const char* name, py::object fallback) -> py::object {
+    return options.contains(name) ? py::reinterpret_borrow<py::object>(options[name]) : fallback;
+  };
   GraphOptions o;
+  const py::object static_argnums = get("static_argnums", py::tuple());
   std::vector<py::handle> positions;
   if (PyLong_Check(static_argnums.ptr())) {
     positions.push_back(static_argnums);
@@ -62,9 +74,19 @@ GraphOptions validateOptions(const std::string& who, const py::handle& static_ar
                       py::repr(h).cast<std::string>());
     o.static_argnums.push_back(h.cast<int64_t>());
   }
-  o.warmup_iters = static_cast<int>(intOption(who, "warmup_iters", warmup_iters, 1));
-  o.rerecord_limit = static_cast<int>(intOption(who, "rerecord_limit", rerecord_limit, 0));
-  o.max_signatures = static_cast<int>(intOption(who, "max_recorded_shapes", max_signatures, min_signatures));
+  o.warmup_iters = static_cast<int>(intOption(who, "warmup_iters", get("warmup_iters", py::int_(1)), 1));
+  o.rerecord_limit =
+      static_cast<int>(intOption(who, "rerecord_limit", get("rerecord_limit", py::int_(8)), 0));
+  o.max_signatures = static_cast<int>(intOption(
+      who, "max_recorded_shapes", get("max_recorded_shapes", py::int_(0)), min_signatures));
+  o.chain_limit = static_cast<int>(intOption(who, "chain_limit", get("chain_limit", py::int_(16)), 1));
+  const py::object policy = get("on_overwrite", py::str("raise"));
+  const bool is_str = py::isinstance<py::str>(policy);
+  const std::string p = is_str ? policy.cast<std::string>() : "";
+  TORCH_CHECK_VALUE(p == "raise" || p == "copy", who,
+                    ": on_overwrite must be 'raise' or 'copy', got ",
+                    py::repr(policy).cast<std::string>());
+  o.copy_on_overwrite = p == "copy";
   return o;
 }
 
@@ -75,6 +97,8 @@ GraphedCallable::GraphedCallable(py::object fn, const GraphOptions& options, py:
       name_(std::move(name)),
       warmup_iters_(options.warmup_iters),
       rerecord_limit_(options.rerecord_limit),
+      chain_limit_(options.chain_limit),
+      copy_on_overwrite_(options.copy_on_overwrite),
       mode_(mode),
       eager_reason_(std::move(eager_reason)),
       max_signatures_(options.max_signatures) {
@@ -144,6 +168,8 @@ std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const 
   r.is_static = flat.is_static;
   r.warmup_iters = warmup_iters_;
   r.rerecord_limit = rerecord_limit_;
+  r.chain_limit = chain_limit_;
+  r.copy_on_overwrite = copy_on_overwrite_;
   if (max_signatures_ == 0 && signatures_.size() == kSignatureWarnLimit) {
     logMessage(LogLevel::kWarning,
                "'" + name_ + "' has been called with more than " +

@@ -22,15 +22,18 @@ struct GraphOptions {
   std::vector<int64_t> static_argnums;
   int warmup_iters = 1;
   int rerecord_limit = 8;
-  int max_signatures = 0;  // > 0 bounds the recorded signatures (LRU eviction past it)
+  int max_signatures = 0;          // > 0 bounds the recorded signatures (LRU eviction past it)
+  int chain_limit = 16;            // runs on its own outputs in one step before a new step
+  bool copy_on_overwrite = false;  // on_overwrite="copy"
 };
 
 // The one place where user-facing options are checked (cudagraphify and graphtrees.compile both
-// come here): ValueError naming `who` and the option. `max_signatures` is at least
+// come here): `options` holds any of static_argnums, warmup_iters, rerecord_limit,
+// max_recorded_shapes, on_overwrite, chain_limit (defaults for the others). ValueError (or
+// TypeError for an unknown option) naming `who`. max_recorded_shapes is at least
 // `min_signatures` (0 means unbounded).
-GraphOptions validateOptions(const std::string& who, const py::handle& static_argnums,
-                             const py::handle& warmup_iters, const py::handle& rerecord_limit,
-                             const py::handle& max_signatures, int64_t min_signatures = 0);
+GraphOptions validateOptions(const std::string& who, const py::dict& options,
+                             int64_t min_signatures = 0);
 
 class GraphedCallable {
  public:
@@ -70,6 +73,8 @@ class GraphedCallable {
   std::vector<uint8_t> static_args_;
   int warmup_iters_;
   int rerecord_limit_;
+  int chain_limit_;
+  bool copy_on_overwrite_;
   FunctionMode mode_;
   std::string eager_reason_;
   int max_signatures_;

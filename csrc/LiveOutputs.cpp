@@ -1,5 +1,6 @@
 #include "LiveOutputs.h"
 
+#include "Logging.h"
 #include "TreeNode.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -137,7 +138,10 @@ void LiveOutputs::migrate(const LiveOutput& e, c10::StorageImpl& storage) {
 void LiveOutputs::invalidate(const LiveOutput& e, c10::StorageImpl& storage,
                              const std::string& why) {
   if (e.copy_on_overwrite && e.nbytes > 0) {
-    migrate(e, storage);  // a gradient someone still holds (e.g. as .grad): keep its value
+    // on_overwrite="copy", or a gradient that may sit in .grad: keep its value.
+    migrate(e, storage);
+    logMessage(LogLevel::kDebug, "copied a live output of '" + e.producer + "' (" +
+                                     std::to_string(e.nbytes) + " bytes) out of the pool: " + why);
     return;
   }
   if (disown(storage)) backend_.freeBlock(reinterpret_cast<void*>(e.ptr));

@@ -14,10 +14,6 @@ namespace graphtrees {
 
 namespace {
 
-// A function called again in the generation it already ran in, on an output of that generation,
-// extends the path (an unrolled loop); after this many runs the path restarts instead, so that a
-// feedback loop `h = f(h)` reuses a bounded chain of recordings rather than recording forever.
-constexpr int kMaxRunsPerGeneration = 16;
 // While a backward is pending, how often one callable may run on fresh inputs in one step (e.g.
 // micro-batches before their backward) before a new step is forced.
 constexpr int kMaxPendingRuns = 64;
@@ -63,6 +59,12 @@ bool elementsDoNotOverlap(const at::Tensor& t) {
     reach += stride * (size - 1);
   }
   return true;
+}
+
+// Gradients (outputs of backward functions) are always copied out rather than invalidated: they
+// may sit in .grad (Note [Pinned gradients]).
+bool copyOnOverwrite(const FunctionRecord& fn) {
+  return fn.copy_on_overwrite || fn.mode == FunctionMode::kBackward;
 }
 
 std::string whereOf(const TreeNode* node) {
@@ -211,7 +213,7 @@ CallResult TreeManager::call(FunctionRecord& fn, const std::vector<at::Tensor>& 
 // would free those activations): calling the forward again extends the path, which is how several
 // micro-batches' forwards run before their backwards. A backward clears the state.
 // mark_step_begin() still starts a new step. A forward whose backward never runs (evaluation
-// under grad mode, say) extends the path at most kMaxRunsPerGeneration times; then a warning says
+// under grad mode, say) extends the path at most kMaxPendingRuns times; then a warning says
 // what to do and a new step starts anyway.
 //
 // Note [Pinned gradients]
@@ -275,8 +277,21 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
                          "start of each step.");
         }
       }
-    } else {
-      new_step = fresh || callable.runs_in_generation >= kMaxRunsPerGeneration;
+    } else if (fresh) {
+      new_step = true;
+    } else if (callable.runs_in_generation >= fn.chain_limit) {
+      // A function called again on an output of its own step extends the path (an unrolled
+      // loop); after chain_limit runs the path restarts instead, so that a feedback loop
+      // `h = f(h)` reuses a bounded chain of recordings rather than recording forever.
+      new_step = true;
+      if (logged_.insert("chain\n" + fn.name).second) {
+        logMessage(LogLevel::kInfo,
+                   "'" + fn.name + "' ran " + std::to_string(callable.runs_in_generation) +
+                       " times in one step on outputs of that step (chain_limit=" +
+                       std::to_string(fn.chain_limit) +
+                       "); starting a new step, which releases that step's outputs (raise "
+                       "chain_limit, or use on_overwrite='copy' to keep them valid)");
+      }
     }
     if (new_step) {
       endPath("'" + fn.name + "' was called again", inputs);
@@ -413,7 +428,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     if (input_storages.count(impl) || live_.contains(impl) || impl->nbytes() == 0) continue;
     if (!backend_->inPool(impl->data())) continue;
     live_.track(t.storage(), live_.newSlot(), nullptr, fn.name,
-                fn.mode == FunctionMode::kBackward, generation_);
+                copyOnOverwrite(fn), generation_);
   }
   fn.warmups++;
   num_warmups_++;
@@ -505,7 +520,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   if (current_ == nullptr) root_functions_.insert(fn.id);
   for (size_t k = 0; k < raw->slots_.size(); ++k) {
     live_.track(slot_storages[k], raw->slots_[k].id, raw, fn.name,
-                fn.mode == FunctionMode::kBackward, generation_);
+                copyOnOverwrite(fn), generation_);
   }
   raw->checkpoint_live_slots_ = live_.liveSlots();
   path_.push_back(raw);
@@ -554,8 +569,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   storages.reserve(node.slots_.size());
   for (const auto& s : node.slots_) {
     storages.push_back(nonOwningStorage(s.ptr, s.nbytes, device));
-    live_.track(storages.back(), s.id, &node, fn.name, fn.mode == FunctionMode::kBackward,
-                generation_);
+    live_.track(storages.back(), s.id, &node, fn.name, copyOnOverwrite(fn), generation_);
   }
   path_.push_back(&node);
   current_ = &node;

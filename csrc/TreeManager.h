@@ -42,6 +42,11 @@ struct FunctionRecord {
   std::vector<uint8_t> is_static;  // per flat input
   int warmup_iters = 1;
   int rerecord_limit = 8;
+  // Runs on outputs of its own step before a new step starts anyway (a feedback loop h = f(h)).
+  int chain_limit = 16;
+  // on_overwrite="copy": an output the user still holds when a later run is about to write its
+  // memory is copied out of the pool instead of invalidated (Note [Output ownership]).
+  bool copy_on_overwrite = false;
 
   // Why the function runs eagerly from now on; empty while it is graphed.
   std::string eager_reason;

@@ -171,25 +171,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<GraphedCallable, std::shared_ptr<GraphedCallable>>(m, "GraphedCallable",
                                                                 py::dynamic_attr())
-      .def(py::init(wrap_pybind_function([](py::object fn, py::object static_argnums,
-                                             py::object warmup_iters, py::object rerecord_limit,
-                                             py::object module, py::object name,
-                                             FunctionMode mode, std::string eager_reason,
-                                             py::object max_signatures) {
-             const GraphOptions options = validateOptions(
-                 "graphtrees.cudagraphify", static_argnums, warmup_iters, rerecord_limit,
-                 max_signatures);
+      .def(py::init(wrap_pybind_function([](py::object fn, py::dict options, py::object module,
+                                             py::object name, FunctionMode mode,
+                                             std::string eager_reason) {
+             const GraphOptions validated = validateOptions("graphtrees.cudagraphify", options);
              TORCH_CHECK_TYPE(py::isinstance<py::str>(name),
                               "graphtrees.cudagraphify: name must be a str, got ",
                               py::str(py::type::of(name).attr("__name__")).cast<std::string>());
-             return std::make_shared<GraphedCallable>(std::move(fn), options, std::move(module),
+             return std::make_shared<GraphedCallable>(std::move(fn), validated, std::move(module),
                                                       name.cast<std::string>(), mode,
                                                       std::move(eager_reason));
            })),
-           py::arg("fn"), py::arg("static_argnums") = py::tuple(), py::arg("warmup_iters") = 1,
-           py::arg("rerecord_limit") = 8, py::arg("module") = py::none(), py::arg("name") = "",
-           py::arg("mode") = FunctionMode::kInference, py::arg("eager_reason") = "",
-           py::arg("max_signatures") = 0)
+           py::arg("fn"), py::arg("options") = py::dict(), py::arg("module") = py::none(),
+           py::arg("name") = "", py::arg("mode") = FunctionMode::kInference,
+           py::arg("eager_reason") = "",
+           "options: static_argnums, warmup_iters, rerecord_limit, max_recorded_shapes, "
+           "on_overwrite, chain_limit (see graphtrees.cudagraphify).")
       .def("__call__", wrap_pybind_function([](GraphedCallable& self, const py::args& args,
                                                const py::kwargs& kwargs) {
              return self.call(args, kwargs);
@@ -221,14 +218,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("check_pool_invariants", wrap_pybind_function(&checkPoolInvariants), py::arg("device"),
         "(ok, why): the pool's allocated blocks are exactly the live outputs that own pool memory.");
   m.def("_validate_options",
-        wrap_pybind_function([](const std::string& who, py::object static_argnums,
-                                py::object warmup_iters, py::object rerecord_limit,
-                                py::object max_signatures, int64_t min_signatures) {
-          validateOptions(who, static_argnums, warmup_iters, rerecord_limit, max_signatures,
-                          min_signatures);
+        wrap_pybind_function([](const std::string& who, py::dict options, int64_t min_signatures) {
+          validateOptions(who, options, min_signatures);
         }),
-        py::arg("who"), py::arg("static_argnums"), py::arg("warmup_iters"),
-        py::arg("rerecord_limit"), py::arg("max_signatures"), py::arg("min_signatures") = 0,
+        py::arg("who"), py::arg("options"), py::arg("min_signatures") = 0,
         "Raises ValueError for options graphtrees cannot take (the one place they are checked).");
   m.def("_bump_module_epoch", &GraphedCallable::bumpModuleEpoch);
   m.def("_set_log_sink", &setLogSinkFromPython);

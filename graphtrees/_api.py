@@ -24,6 +24,8 @@ def cudagraphify(
     warmup_iters: int = 1,
     rerecord_limit: int = 8,
     name: Optional[str] = None,
+    on_overwrite: str = "raise",
+    chain_limit: int = 16,
 ):
     """Wraps ``fn`` so that its calls are warmed up, recorded as graphs and replayed.
 
@@ -41,6 +43,13 @@ def cudagraphify(
             falls back to eager execution (the reason is logged on the ``graphtrees`` logger).
         name: the function's name in logs, errors, :func:`tree_info` and :func:`tree_to_dot`
             (default: the callable's qualified name, or its class name for a module).
+        on_overwrite: what happens to an output you still hold when a later run is about to
+            write its memory: ``"raise"`` (default) invalidates it, so that accessing it raises;
+            ``"copy"`` first copies it out of the pool (one device copy; its storage is rebound
+            in place, so every view follows) and it stays valid. Outputs that are dead by then
+            cost nothing. Counted in ``tree_info()["num_migrations"]``.
+        chain_limit: how often the function may run on outputs of its own step (``h = f(h)``)
+            before a new step starts anyway (logged once).
 
     Returns a callable with the same call signature and result structure as ``fn``.
     Calls that cannot be graphed (autograd needed, several devices, unsupported arguments) run
@@ -53,13 +62,15 @@ def cudagraphify(
             warmup_iters=warmup_iters,
             rerecord_limit=rerecord_limit,
             name=name,
+            on_overwrite=on_overwrite,
+            chain_limit=chain_limit,
         )
     # Options are validated once, in C++ (graphtrees._C.GraphedCallable), for every caller.
     module = fn if isinstance(fn, torch.nn.Module) else None
-    wrapped = get_ext().GraphedCallable(
-        fn, static_argnums, warmup_iters, rerecord_limit, module,
-        _name_of(fn) if name is None else name,
-    )
+    options = dict(static_argnums=static_argnums, warmup_iters=warmup_iters,
+                   rerecord_limit=rerecord_limit, on_overwrite=on_overwrite,
+                   chain_limit=chain_limit)
+    wrapped = get_ext().GraphedCallable(fn, options, module, _name_of(fn) if name is None else name)
     functools.update_wrapper(wrapped, fn, updated=())
     if module is not None:
         wrapped.module = module

@@ -238,21 +238,20 @@ def _backward_static_indices(gm: torch.fx.GraphModule, forward_static: Sequence[
 
 class _Options:
     def __init__(self, inner="inductor", max_recorded_shapes=8, strict=False, warmup_iters=1,
-                 rerecord_limit=8, inner_options=None):
+                 rerecord_limit=8, inner_options=None, on_overwrite="raise", chain_limit=16):
         if inner not in _INNER:
             raise ValueError(f"graphtrees: inner must be one of {_INNER}, got {inner!r}")
         if inner_options is not None and (not isinstance(inner_options, dict) or inner != "inductor"):
             raise ValueError("graphtrees: inner_options must be a dict of Inductor config options "
                              "(torch._inductor.config), and needs inner='inductor'; got "
                              f"{inner_options!r} with inner={inner!r}")
+        self.graph_options = dict(warmup_iters=warmup_iters, rerecord_limit=rerecord_limit,
+                                  max_recorded_shapes=max_recorded_shapes,
+                                  on_overwrite=on_overwrite, chain_limit=chain_limit)
         if has_ext():  # without it, the first compiled graph reports the missing build
-            get_ext()._validate_options("graphtrees", (), warmup_iters, rerecord_limit,
-                                        max_recorded_shapes, 1)
+            get_ext()._validate_options("graphtrees", self.graph_options, 1)
         self.inner = inner
-        self.max_recorded_shapes = max_recorded_shapes
         self.strict = bool(strict)
-        self.warmup_iters = warmup_iters
-        self.rerecord_limit = rerecord_limit
         self.inner_options = dict(inner_options or {})
 
 
@@ -274,9 +273,8 @@ def _wrap(opts: _Options, compiled: Callable[[list], Any], gm: torch.fx.GraphMod
     def run(*args):
         return compiled(list(args))
 
-    graphed = get_ext().GraphedCallable(run, list(static_idxs), opts.warmup_iters,
-                                        opts.rerecord_limit, None, name, mode, reason,
-                                        opts.max_recorded_shapes)
+    graphed = get_ext().GraphedCallable(
+        run, dict(opts.graph_options, static_argnums=list(static_idxs)), None, name, mode, reason)
 
     def boxed(args):
         flat = list(args)
@@ -291,7 +289,7 @@ def _wrap(opts: _Options, compiled: Callable[[list], Any], gm: torch.fx.GraphMod
 def make_backend(**options) -> Callable:
     """A dynamo backend (for ``torch.compile(backend=...)``) with graphtrees options:
     inner ("inductor" or "aot_eager"), max_recorded_shapes, strict, warmup_iters,
-    rerecord_limit, inner_options (Inductor config options)."""
+    rerecord_limit, inner_options (Inductor config options), on_overwrite, chain_limit."""
     opts = _Options(**options)
 
     def graphtrees_backend(gm: torch.fx.GraphModule, example_inputs: List[Any], mode=None,
@@ -370,7 +368,7 @@ def _reset_trees() -> None:
 graphtrees_backend = make_backend()
 
 _BACKEND_OPTIONS = ("max_recorded_shapes", "strict", "warmup_iters", "rerecord_limit",
-                    "inner_options")
+                    "inner_options", "on_overwrite", "chain_limit")
 _COMPILE_OPTIONS = ("fullgraph", "dynamic", "disable")
 
 
@@ -382,7 +380,8 @@ def compile(model: Optional[Callable] = None, *, inner: str = "inductor", **opti
         max_recorded_shapes: recordings per compiled graph (one per distinct input shape);
             past it the least recently used one is evicted (logged, counted in tree_info).
         strict: raise instead of running a graph eagerly when it cannot be recorded.
-        warmup_iters, rerecord_limit: as for :func:`graphtrees.cudagraphify`.
+        warmup_iters, rerecord_limit, on_overwrite, chain_limit: as for
+            :func:`graphtrees.cudagraphify`.
         inner_options: Inductor config options for the inner compiler (``torch._inductor.config``
             names, e.g. ``{"max_autotune": True}``); inner="inductor" only.
         fullgraph, dynamic, disable: passed to ``torch.compile``. ``mode=`` is refused: graphtrees
