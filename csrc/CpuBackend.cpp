@@ -349,6 +349,7 @@ class CpuGraph final : public Graph {
     std::vector<at::Tensor> outputs;
     {
       RouteGuard guard(&st);
+      RecordingGraphScope recording;  // the recorded program runs again, as it was captured
       outputs = run(inputs);
     }
     if (st.divergence.empty() && st.cursor != allocations_.size()) {

@@ -135,6 +135,13 @@ void LiveOutputs::migrate(const LiveOutput& e, c10::StorageImpl& storage) {
   migrations_++;
 }
 
+void LiveOutputs::moveOutOfPool(c10::StorageImpl& storage) {
+  LiveOutput e;
+  e.ptr = reinterpret_cast<uintptr_t>(storage.data());
+  e.nbytes = storage.nbytes();
+  migrate(e, storage);
+}
+
 void LiveOutputs::invalidate(const LiveOutput& e, c10::StorageImpl& storage,
                              const std::string& why) {
   if (e.copy_on_overwrite && e.nbytes > 0) {

@@ -128,6 +128,11 @@ class LiveOutputs {
   void reown(const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& storages);
   void adopt(RestoreResult* restored, const std::unordered_set<int64_t>& at_risk);
 
+  // Gives an untracked storage that lives in the pool fresh memory outside it, with its current
+  // contents (state a warmup created and kept; Note [Kept state]); frees its pool block if it
+  // owned one.
+  void moveOutOfPool(c10::StorageImpl& storage);
+
   // Invalidates every live output (the tree is freed) and forgets everything.
   void invalidateAll(const std::string& why);
 

@@ -16,10 +16,15 @@ std::array<std::atomic<int>, static_cast<size_t>(FailurePoint::kCount)> g_inject
 std::atomic<int64_t> g_step{0};
 std::atomic<uint64_t> g_epoch{1};
 thread_local int tls_call_depth = 0;
+thread_local int tls_recording_depth = 0;
 std::atomic<bool> g_debug_checks{false};
 
 std::function<void()>& gcHook() {
   static std::function<void()> hook;
+  return hook;
+}
+FindStoragesHook& findHook() {
+  static FindStoragesHook hook;
   return hook;
 }
 BlockingWaitHook& waitHook() {
@@ -61,6 +66,16 @@ CallDepthGuard::~CallDepthGuard() {
   --tls_call_depth;
 }
 
+bool recordingGraph() {
+  return tls_recording_depth > 0;
+}
+RecordingGraphScope::RecordingGraphScope() {
+  ++tls_recording_depth;
+}
+RecordingGraphScope::~RecordingGraphScope() {
+  --tls_recording_depth;
+}
+
 bool debugChecksEnabled() {
   return g_debug_checks.load();
 }
@@ -74,6 +89,12 @@ void setCollectGarbageHook(std::function<void()> hook) {
 }
 void collectGarbage() {
   if (gcHook()) gcHook()();
+}
+void setFindStoragesHook(FindStoragesHook hook) {
+  findHook() = std::move(hook);
+}
+std::vector<c10::Storage> findStorages(const std::vector<void*>& blocks) {
+  return findHook() ? findHook()(blocks) : std::vector<c10::Storage>();
 }
 void setBlockingWaitHook(BlockingWaitHook hook) {
   waitHook() = std::move(hook);

@@ -18,9 +18,12 @@
 //               a failed restore. A function record remembers the epoch it was last used in, and
 //               starts afresh (warmups, re-record counts) when it differs: its old tree is gone.
 
+#include <c10/core/Storage.h>
+
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace graphtrees {
 
@@ -39,6 +42,19 @@ class CallDepthGuard {
   CallDepthGuard& operator=(const CallDepthGuard&) = delete;
 };
 
+// True while the calling thread runs a graph's program as a recording: during any capture, and
+// during a CPU emulation replay (which re-runs the recorded Python). The Python layer answers
+// torch.cuda.is_current_stream_capturing() with it, so that code which avoids host syncs while
+// captured (transformers' masks, for one) takes the same path on the CPU backend as on CUDA.
+bool recordingGraph();
+class RecordingGraphScope {
+ public:
+  RecordingGraphScope();
+  ~RecordingGraphScope();
+  RecordingGraphScope(const RecordingGraphScope&) = delete;
+  RecordingGraphScope& operator=(const RecordingGraphScope&) = delete;
+};
+
 // When on, every call ends by checking the pool invariant (Note [Output ownership]); the tests
 // turn it on.
 bool debugChecksEnabled();
@@ -48,6 +64,13 @@ void setDebugChecks(bool on);
 // without any tree lock held; does nothing until the Python layer installs it.
 void setCollectGarbageHook(std::function<void()> hook);
 void collectGarbage();
+
+// Finds the storages of live tensors whose data starts at one of `blocks` (Python's gc knows every
+// tensor object); used to move state a warmup created and kept out of the pool. Returns nothing
+// until the Python layer installs it.
+using FindStoragesHook = std::function<std::vector<c10::Storage>(const std::vector<void*>&)>;
+void setFindStoragesHook(FindStoragesHook hook);
+std::vector<c10::Storage> findStorages(const std::vector<void*>& blocks);
 
 // Runs `wait` (a blocking lock acquisition) through the installed hook, which releases the GIL
 // around it; runs it directly if none is installed.
@@ -89,6 +112,7 @@ class CaptureScope {
   CaptureScope& operator=(const CaptureScope&) = delete;
 
  private:
+  RecordingGraphScope recording_;
   std::function<void()> exit_;
 };
 

@@ -11,6 +11,26 @@ namespace {
 
 constexpr int kMaxDepth = 64;
 
+// The Python layer's torch.utils._pytree hooks (see setPyTreeHooks); used with the GIL held.
+py::object& flattenHook() {
+  static auto* hook = new py::object();  // never destroyed: no Python at static destruction
+  return *hook;
+}
+py::object& unflattenHook() {
+  static auto* hook = new py::object();
+  return *hook;
+}
+
+// One level of a pytree-registered object or dataclass: (children, context), or None.
+py::object flattenNode(PyObject* obj) {
+  if (!flattenHook()) return py::none();
+  return flattenHook()(py::handle(obj));
+}
+
+py::object unflattenNode(py::handle type, py::handle context, py::list children) {
+  return unflattenHook()(type, context, children);
+}
+
 template <typename T>
 void appendRaw(std::string* key, const T& v) {
   key->append(reinterpret_cast<const char*>(&v), sizeof(T));
@@ -109,6 +129,17 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
       flattenArg(k, is_static, depth + 1, out);
       flattenArg(v, is_static, depth + 1, out);
     }
+  } else if (py::object node = flattenNode(obj); !node.is_none()) {
+    // A pytree-registered type or a dataclass: its type, context and children are the key.
+    key->push_back('P');
+    appendRaw(key, reinterpret_cast<uintptr_t>(Py_TYPE(obj)));
+    py::tuple pair = node;
+    const Py_hash_t h = PyObject_Hash(py::repr(pair[1]).ptr());
+    if (h == -1) throw py::error_already_set();
+    appendRaw(key, static_cast<int64_t>(h));
+    py::list children = pair[0];
+    appendRaw(key, static_cast<uint32_t>(children.size()));
+    for (py::handle child : children) flattenArg(child.ptr(), is_static, depth + 1, out);
   } else {
     const Py_hash_t h = PyObject_Hash(obj);
     if (h == -1) {
@@ -150,6 +181,16 @@ py::object rebuildArg(py::handle obj, const std::vector<at::Tensor>& tensors, si
     while (PyDict_Next(o, &pos, &k, &v)) d[k] = rebuildArg(v, tensors, next);
     return std::move(d);
   }
+  if (!PyLong_CheckExact(o) && !PyFloat_CheckExact(o) && !PyUnicode_CheckExact(o) &&
+      !PyBool_Check(o) && o != Py_None) {
+    py::object node = flattenNode(o);
+    if (!node.is_none()) {
+      py::tuple pair = node;
+      py::list children;
+      for (py::handle child : py::list(pair[0])) children.append(rebuildArg(child, tensors, next));
+      return unflattenNode(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(o))), pair[1], children);
+    }
+  }
   return py::reinterpret_borrow<py::object>(obj);
 }
 
@@ -170,6 +211,11 @@ bool sameConstant(const py::object& a, const py::object& b) {
 }
 
 }  // namespace
+
+void setPyTreeHooks(py::object flatten, py::object unflatten) {
+  flattenHook() = flatten.is_none() ? py::object() : std::move(flatten);
+  unflattenHook() = unflatten.is_none() ? py::object() : std::move(unflatten);
+}
 
 void flattenArgs(py::handle args, py::handle kwargs, const std::vector<uint8_t>& static_args,
                  FlatArgs* out) {
@@ -263,9 +309,20 @@ void OutputSpec::flattenInto(py::handle obj, std::vector<at::Tensor>* tensors,
     for (auto v2 : values) flattenInto(v2, tensors, name, depth + 1);
     return;
   }
+  py::object node = flattenNode(o);
+  if (!node.is_none()) {
+    py::tuple pair = node;
+    py::list children = pair[0];
+    entries_.push_back(
+        {Kind::kNode, static_cast<int64_t>(children.size()),
+         py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(o))), pair[1])});
+    for (py::handle child : children) flattenInto(child, tensors, name, depth + 1);
+    return;
+  }
   throw py::type_error("graphtrees: '" + name + "' returned a value of type '" + typeName(o) +
                        "'; graphed functions may return tensors, None, Python scalars and "
-                       "strings, in tuples, lists, namedtuples and dicts");
+                       "strings, in tuples, lists, namedtuples, dicts, dataclasses and types "
+                       "registered with torch.utils._pytree");
 }
 
 py::object OutputSpec::unflatten(const std::vector<at::Tensor>& tensors) const {
@@ -302,6 +359,12 @@ py::object OutputSpec::build(size_t* pos, const std::vector<at::Tensor>& tensors
       for (int64_t i = 0; i < e.count; ++i) d[keys[i]] = build(pos, tensors, next);
       return std::move(d);
     }
+    case Kind::kNode: {
+      py::list children(e.count);
+      for (int64_t i = 0; i < e.count; ++i) children[i] = build(pos, tensors, next);
+      py::tuple type_and_context = e.value;
+      return unflattenNode(type_and_context[0], type_and_context[1], children);
+    }
   }
   return py::none();
 }
@@ -312,7 +375,8 @@ bool OutputSpec::sameAs(const OutputSpec& other) const {
     const Entry& a = entries_[i];
     const Entry& b = other.entries_[i];
     if (a.kind != b.kind || a.count != b.count) return false;
-    if (a.kind == Kind::kConstant || a.kind == Kind::kDict || a.kind == Kind::kNamedTuple) {
+    if (a.kind == Kind::kConstant || a.kind == Kind::kDict || a.kind == Kind::kNamedTuple ||
+        a.kind == Kind::kNode) {
       if (!sameConstant(a.value, b.value)) return false;
     }
   }
@@ -338,6 +402,10 @@ std::string OutputSpec::describe() const {
         break;
       case Kind::kList:
         s += "list[" + std::to_string(e.count) + "] ";
+        break;
+      case Kind::kNode:
+        s += py::str(py::tuple(e.value)[0].attr("__name__")).cast<std::string>() + "[" +
+             std::to_string(e.count) + "] ";
         break;
       case Kind::kDict:
         s += "dict" + py::repr(e.value).cast<std::string>() + " ";

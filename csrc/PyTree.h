@@ -8,6 +8,11 @@
 // mean the same recorded function.
 //
 // Results: tensors, None, Python scalars and strings, in tuples, lists, namedtuples and dicts.
+//
+// Other containers, in arguments and results: any type registered with torch.utils._pytree
+// (transformers' ModelOutput, for instance) and dataclasses are taken apart and rebuilt through
+// the Python layer's hooks (setPyTreeHooks), one level at a time; the plain containers above keep
+// the fast C++ path.
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/utils/pybind.h>
@@ -18,6 +23,10 @@
 namespace graphtrees {
 
 namespace py = pybind11;
+
+// `flatten(obj)` returns None, or a (children, context) pair for one level of obj;
+// `unflatten(type, context, children)` rebuilds it. Installed by the bindings.
+void setPyTreeHooks(py::object flatten, py::object unflatten);
 
 struct FlatArgs {
   std::vector<at::Tensor> tensors;
@@ -47,11 +56,11 @@ class OutputSpec {
   std::string describe() const;
 
  private:
-  enum class Kind : uint8_t { kTensor, kConstant, kTuple, kList, kDict, kNamedTuple };
+  enum class Kind : uint8_t { kTensor, kConstant, kTuple, kList, kDict, kNamedTuple, kNode };
   struct Entry {
     Kind kind;
     int64_t count = 0;  // children that follow (containers)
-    py::object value;   // constant value, dict keys (tuple) or namedtuple type
+    py::object value;   // constant value, dict keys (tuple), namedtuple type, (type, context)
   };
   void flattenInto(py::handle obj, std::vector<at::Tensor>* tensors, const std::string& name,
                    int depth);

@@ -430,6 +430,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     live_.track(t.storage(), live_.newSlot(), nullptr, fn.name,
                 copyOnOverwrite(fn), generation_);
   }
+  moveKeptStateOutOfPool(fn);
   fn.warmups++;
   num_warmups_++;
   state_ = PathState::kWarmup;
@@ -437,6 +438,37 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   logMessage(LogLevel::kDebug, "warmed up '" + fn.name + "' (" + std::to_string(fn.warmups) + "/" +
                                    std::to_string(fn.warmup_iters) + ")");
   return {std::move(outs), RunKind::kWarmup};
+}
+
+// Note [Kept state]
+// A warmup may create tensors and keep them without returning them: a cache or buffer a module
+// creates lazily on its first call (transformers' StaticCache does). They were allocated in the
+// pool, untracked, and would block every later restore. At the end of each warmup, blocks that no
+// tracked output owns are looked up among the live tensor objects (Python's gc), and each storage
+// found is moved out of the pool (its bytes copied, the storage rebound in place): the recording
+// then sees an ordinary tensor at a fixed address. Logged at INFO, counted as a migration. A
+// tensor created and kept by a recording is still an error (its memory belongs to the graph).
+void TreeManager::moveKeptStateOutOfPool(const FunctionRecord& fn) {
+  const auto owning = live_.owningBlocks();
+  if (backend_->checkLiveAllocations(owning)) return;
+  std::vector<void*> kept;
+  for (void* p : backend_->allocatedBlocks()) {
+    if (!owning.count(p)) kept.push_back(p);
+  }
+  int64_t moved = 0;
+  int64_t bytes = 0;
+  for (const c10::Storage& storage : findStorages(kept)) {
+    if (live_.contains(storage.unsafeGetStorageImpl())) continue;
+    bytes += static_cast<int64_t>(storage.nbytes());
+    live_.moveOutOfPool(*storage.unsafeGetStorageImpl());
+    moved++;
+  }
+  if (moved > 0) {
+    logMessage(LogLevel::kInfo, "moved " + std::to_string(moved) + " tensor(s) (" +
+                                    bytesString(bytes) + ") that a warmup of '" + fn.name +
+                                    "' created and kept without returning them (lazily created "
+                                    "state, such as a cache) out of graphtrees' pool");
+  }
 }
 
 CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,

@@ -129,6 +129,22 @@ void setCollectGarbageHookFromPython(py::object hook) {
   });
 }
 
+void setFindStoragesHookFromPython(py::object hook) {
+  if (hook.is_none()) {
+    setFindStoragesHook(nullptr);
+    return;
+  }
+  auto holder = holdPython(std::move(hook));
+  setFindStoragesHook([holder](const std::vector<void*>& blocks) {
+    py::gil_scoped_acquire gil;
+    py::list addresses;
+    for (void* p : blocks) addresses.append(reinterpret_cast<uintptr_t>(p));
+    std::vector<c10::Storage> out;
+    for (py::handle t : (*holder)(addresses)) out.push_back(t.cast<at::Tensor>().storage());
+    return out;
+  });
+}
+
 void setCaptureScopeHookFromPython(py::object hook) {
   if (hook.is_none()) {
     setCaptureScopeHook(nullptr);
@@ -227,7 +243,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_log_sink", &setLogSinkFromPython);
   m.def("_set_collect_garbage_hook", &setCollectGarbageHookFromPython);
   m.def("_set_capture_scope_hook", &setCaptureScopeHookFromPython);
+  m.def("_set_find_storages_hook", &setFindStoragesHookFromPython);
   m.def("_set_debug_checks", &setDebugChecks, py::arg("on"));
+  m.def("_recording_graph", &recordingGraph,
+        "True while this thread records a graph (or replays one on the CPU emulation).");
+  m.def("_set_pytree_hooks", &setPyTreeHooks, py::arg("flatten"), py::arg("unflatten"),
+        "flatten(obj) -> None or (children, context); unflatten(type, context, children).");
   m.def(
       "_fail_next_restores", [](int n) { injectFailure(FailurePoint::kRestore, n); },
       py::arg("n"), "Testing hook: the next n pool restores fail as PyTorch issue #140419 does.");

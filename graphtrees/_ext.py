@@ -116,6 +116,73 @@ def _follow_pytorch_mark_step() -> None:
         torch.compiler.cudagraph_mark_step_begin = chained(torch.compiler.cudagraph_mark_step_begin)
 
 
+def _pytree_flatten_node(obj):
+    """One level of a container that is not a plain tuple, list, dict or namedtuple: a type
+    registered with torch.utils._pytree (transformers' ModelOutput, OrderedDict, ...) or a
+    dataclass. Returns (children, context), or None for anything else."""
+    import dataclasses
+
+    from torch.utils import _pytree
+
+    node = _pytree.SUPPORTED_NODES.get(type(obj))
+    if node is not None:
+        children, context = node.flatten_fn(obj)
+        return list(children), context
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = tuple(f.name for f in dataclasses.fields(obj) if f.init)
+        return [getattr(obj, n) for n in names], names
+    return None
+
+
+def _pytree_unflatten_node(typ, context, children):
+    from torch.utils import _pytree
+
+    node = _pytree.SUPPORTED_NODES.get(typ)
+    if node is not None:
+        return node.unflatten_fn(children, context)
+    return typ(**dict(zip(context, children)))
+
+
+def _answer_stream_capturing() -> None:
+    """torch.cuda.is_current_stream_capturing() is True while graphtrees records a graph on this
+    thread, on every backend (and while the CPU emulation replays one, which re-runs the recorded
+    Python): code that avoids host syncs during a CUDA capture then takes the same path on CPU."""
+    import functools
+
+    import torch.cuda
+
+    original = torch.cuda.is_current_stream_capturing
+    if getattr(original, "_graphtrees", False):
+        return
+
+    @functools.wraps(original)
+    def is_current_stream_capturing(*args, **kwargs):
+        return _C._recording_graph() or original(*args, **kwargs)
+
+    is_current_stream_capturing._graphtrees = True
+    torch.cuda.is_current_stream_capturing = is_current_stream_capturing
+
+
+def _find_tensors_in_blocks(addresses):
+    """One live tensor per storage that starts at one of `addresses` (pool blocks that a warmup
+    left allocated; see Note [Kept state] in csrc/TreeManager.cpp)."""
+    import gc
+
+    import torch
+
+    wanted = set(addresses)
+    found = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and not obj.is_meta and obj.layout == torch.strided:
+            try:
+                ptr = obj.untyped_storage().data_ptr()
+            except (RuntimeError, NotImplementedError):  # no storage, or an invalidated one
+                continue
+            if ptr in wanted and ptr not in found:
+                found[ptr] = obj
+    return list(found.values())
+
+
 def _on_module_change(*args):
     _C._bump_module_epoch()
     return None
@@ -129,7 +196,10 @@ def _install() -> None:
     _C._set_log_sink(_emit)
     _C._set_collect_garbage_hook(_collect_garbage)
     _C._set_capture_scope_hook(_capture_scope)
+    _C._set_pytree_hooks(_pytree_flatten_node, _pytree_unflatten_node)
+    _C._set_find_storages_hook(_find_tensors_in_blocks)
     _follow_pytorch_mark_step()
+    _answer_stream_capturing()
     module.register_module_parameter_registration_hook(_on_module_change)
     module.register_module_buffer_registration_hook(_on_module_change)
     module.register_module_module_registration_hook(_on_module_change)
@@ -142,6 +212,8 @@ def _install() -> None:
         _C._set_log_sink(None)
         _C._set_collect_garbage_hook(None)
         _C._set_capture_scope_hook(None)
+        _C._set_pytree_hooks(None, None)
+        _C._set_find_storages_hook(None)
 
     atexit.register(_shutdown)
 

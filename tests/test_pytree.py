@@ -1,0 +1,72 @@
+"""Containers beyond tuples, lists, dicts and namedtuples: dataclasses and types registered with
+torch.utils._pytree, in arguments and results, with the result type preserved."""
+
+import collections
+import dataclasses
+
+import pytest
+import torch
+from helpers import info
+
+from graphtrees import cudagraphify
+
+pytestmark = pytest.mark.usefixtures("no_grad")
+
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+    scale: float
+
+
+@dataclasses.dataclass
+class Result:
+    y: torch.Tensor
+    aux: torch.Tensor
+    note: str = "ok"
+
+
+class Pair:
+    """A class of its own, registered with torch.utils._pytree."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+torch.utils._pytree.register_pytree_node(
+    Pair, lambda p: ([p.a, p.b], None), lambda children, _: Pair(*children))
+
+
+def test_dataclass_argument_and_result(device):
+    g = cudagraphify(lambda batch: Result(batch.x * batch.scale, batch.x.sum()))
+    for _ in range(4):
+        b = Batch(torch.randn(8, device=device), 2.0)
+        r = g(b)
+        assert type(r) is Result and r.note == "ok"
+        torch.testing.assert_close(r.y, b.x * 2.0)
+        torch.testing.assert_close(r.aux, b.x.sum())
+    assert info(device)["num_replays"] == 2
+    r = g(Batch(torch.randn(8, device=device), 3.0))  # another scale: another signature
+    assert len(g.signatures()) == 2
+
+
+def test_registered_type_and_ordered_dict(device):
+    g = cudagraphify(lambda p: collections.OrderedDict(s=p.a + p.b, d=Pair(p.a - p.b, p.a)))
+    for _ in range(4):
+        a, b = torch.randn(4, device=device), torch.randn(4, device=device)
+        out = g(Pair(a, b))
+        assert type(out) is collections.OrderedDict and list(out) == ["s", "d"]
+        assert type(out["d"]) is Pair
+        torch.testing.assert_close(out["s"], a + b)
+        torch.testing.assert_close(out["d"].a, a - b)
+        torch.testing.assert_close(out["d"].b, a)
+    assert info(device)["num_replays"] == 2
+
+
+def test_unregistered_result_type_still_raises_type_error(device):
+    class Opaque:
+        pass
+
+    g = cudagraphify(lambda x: Opaque())
+    with pytest.raises(TypeError, match="registered with torch.utils._pytree"):
+        g(torch.ones(2, device=device))
