@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# README's test command (and what .ci/run runs): installs what the tests need, builds the
-# extension and runs the whole suite against torch 2.14.1 in the current Python; then builds a
+# README's test command (and what .ci/run runs): installs what the tests need (torchvision and
+# transformers included: tests/integration builds their models from configs, random weights,
+# nothing downloaded), builds the extension and runs the whole suite against torch 2.14.1 in
+# the current Python; then builds a
 # second copy against torch 2.11.0 -- the GPU test machine's version -- in .venv-torch211 and runs
 # the suite there too, so that a compile error or a missing symbol is found here, not on the GPU.
 #   GRAPHTREES_SKIP_TORCH211=1   only the first stage
@@ -9,12 +11,12 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 PY=${PYTHON:-python}
-DEPS=(ninja "setuptools>=70" pytest hypothesis numpy)
+DEPS=(ninja "setuptools>=70" pytest hypothesis numpy transformers)
 t_all=$(date +%s)
 stamp() { echo "[run_tests] $1: $(( $(date +%s) - $2 )) s"; }
 
 t=$(date +%s)
-"$PY" -m pip install torch==2.14.1 "${DEPS[@]}"
+"$PY" -m pip install torch==2.14.1 torchvision==0.29.1 "${DEPS[@]}"
 stamp "install (torch 2.14.1)" "$t"
 t=$(date +%s)
 echo "[run_tests] building graphtrees against torch 2.14.1 (about 1-2 minutes on 2 cores)"
@@ -35,7 +37,7 @@ VENV=$ROOT/.venv-torch211
 SRC=$VENV/src
 t=$(date +%s)
 [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install torch==2.11.0 "${DEPS[@]}"
+"$VENV/bin/python" -m pip install torch==2.11.0 torchvision==0.26.0 "${DEPS[@]}"
 stamp "install (torch 2.11.0)" "$t"
 t=$(date +%s)
 rm -rf "$SRC" && mkdir -p "$SRC"

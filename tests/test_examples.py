@@ -22,3 +22,13 @@ def test_seed_tree_example():
 def test_train_mlp_example():
     out = _run("examples/train_mlp.py", "--device", "cpu", "--steps", "6")
     assert "parameters match eager" in out and "graph0.backward" in out
+
+
+def test_llm_decode_example():
+    out = _run("examples/llm_decode.py", "--device", "cpu", "--tokens", "16")
+    assert "16 tokens equal to generate()" in out and "digraph graphtrees" in out
+
+
+def test_diffusion_cfg_example():
+    out = _run("examples/diffusion_cfg.py", "--device", "cpu")
+    assert "samples equal to eager" in out and "digraph graphtrees" in out
