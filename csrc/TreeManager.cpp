@@ -2,6 +2,7 @@
 
 #include "AutocastState.h"
 #include "Logging.h"
+#include "MutationWatch.h"
 #include "ProcessState.h"
 
 #include <ATen/ops/empty.h>
@@ -9,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace graphtrees {
 
@@ -404,22 +406,36 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     }
   }
   const auto before = versionsOf(ins, unmanaged);
+  // Inference tensors have no version counter: watch the ops' schemas for writes to them.
+  std::unordered_map<const c10::StorageImpl*, int64_t> unversioned;
+  for (int64_t i : unmanaged) {
+    if (ins[i].is_inference()) unversioned.emplace(ins[i].storage().unsafeGetStorageImpl(), i);
+  }
   std::vector<at::Tensor> outs;
+  int64_t mutated = -1;
+  std::string mutating_op;
   {
+    std::optional<MutationWatch> watch;
+    if (!unversioned.empty()) watch.emplace(std::move(unversioned));
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PoolRoutingGuard routing(*backend_);
     outs = run(ins);
     routing.end();
+    if (watch) {
+      mutated = watch->firstMutated();
+      mutating_op = watch->mutatingOp();
+    }
   }
   const auto after = versionsOf(ins, unmanaged);
-  for (size_t k = 0; k < unmanaged.size(); ++k) {
-    if (before[k] != after[k]) {
-      fn.eager_reason = "it mutates its input tensor #" + std::to_string(unmanaged[k]) +
-                        " in place; a graph would mutate a private copy instead. Pass it through "
-                        "static_argnums if its address is stable";
-      noteFallback(fn, fn.eager_reason);
-      break;
-    }
+  for (size_t k = 0; k < unmanaged.size() && mutated < 0; ++k) {
+    if (before[k] != after[k]) mutated = unmanaged[k];
+  }
+  if (mutated >= 0) {
+    fn.eager_reason = "it mutates its input tensor #" + std::to_string(mutated) + " in place" +
+                      (mutating_op.empty() ? "" : " (" + mutating_op + ")") +
+                      "; a graph would mutate a private copy instead. Pass it through "
+                      "static_argnums if its address is stable";
+    noteFallback(fn, fn.eager_reason);
   }
   std::unordered_set<const c10::StorageImpl*> input_storages;
   for (const auto& t : ins) input_storages.insert(t.storage().unsafeGetStorageImpl());

@@ -459,6 +459,31 @@ def test_inplace_mutation_of_copied_input_falls_back(device, tree_logs):
     assert info(device)["num_nodes"] == 0
 
 
+@pytest.mark.parametrize("how", ["add_", "out=", "view"])
+def test_inplace_mutation_of_an_inference_tensor_is_detected(device, tree_logs, how):
+    # Inference tensors have no version counter; the ops' schemas tell the warmup instead.
+    def f(x):
+        if how == "add_":
+            x.add_(1)
+        elif how == "out=":
+            torch.add(x, 1, out=x)
+        else:
+            x[:2].mul_(3)
+        return x * 2
+
+    g = cudagraphify(f)
+    with torch.inference_mode():
+        x = torch.zeros(4, device=device)
+        expected = torch.zeros(4, device=device)
+        for _ in range(4):
+            out = g(x)
+            f(expected)
+            torch.testing.assert_close(x, expected)
+            torch.testing.assert_close(out, expected * 2)
+    assert "mutates its input tensor #0 in place" in tree_logs.text
+    assert info(device)["num_nodes"] == 0
+
+
 def test_inplace_mutation_of_static_input_is_graphed(device):
     def f(buf, x):
         buf.add_(x)
