@@ -1,8 +1,8 @@
 #include "CpuBackend.h"
 
 #include "CpuPool.h"
-#include "ProcessState.h"
 #include "Logging.h"
+#include "ProcessState.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
@@ -480,11 +480,11 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
   }
   if (!watch.first.empty()) {
     outputs->clear();
-    throw CaptureRejected("it reads tensor values on the host while it is recorded: " +
-                          watch.first +
-                          ". A CUDA graph capture cannot synchronise with the host. Keep such code "
-                          "out of the graphed function, or express it with tensor ops (e.g. "
-                          "torch.where instead of `if tensor:`)");
+    throw CaptureRejected(
+        "it reads tensor values on the host while it is recorded: " + watch.first +
+        ". A CUDA graph capture cannot synchronise with the host. Keep such code "
+        "out of the graphed function, or express it with tensor ops (e.g. "
+        "torch.where instead of `if tensor:`)");
   }
   if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
     outputs->clear();

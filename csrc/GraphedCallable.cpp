@@ -37,8 +37,8 @@ void clearTracebackFrames(const py::error_already_set& e) {
 namespace {
 // An int option (not a bool) with a lower bound, or ValueError naming `who` and the option.
 int64_t intOption(const std::string& who, const char* name, const py::handle& value, int64_t min) {
-  const bool ok = PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr()) &&
-                  value.cast<int64_t>() >= min;
+  const bool ok =
+      PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr()) && value.cast<int64_t>() >= min;
   TORCH_CHECK_VALUE(ok, who, ": ", name, " must be an int >= ", min, ", got ",
                     py::repr(value).cast<std::string>());
   return value.cast<int64_t>();
@@ -47,12 +47,12 @@ int64_t intOption(const std::string& who, const char* name, const py::handle& va
 
 GraphOptions validateOptions(const std::string& who, const py::dict& options,
                              int64_t min_signatures) {
-  static const char* const kKnown[] = {"static_argnums", "warmup_iters",  "rerecord_limit",
+  static const char* const kKnown[] = {"static_argnums",      "warmup_iters", "rerecord_limit",
                                        "max_recorded_shapes", "on_overwrite", "chain_limit"};
   for (auto item : options) {
     const std::string key = py::str(item.first).cast<std::string>();
-    const bool known = std::any_of(std::begin(kKnown), std::end(kKnown),
-                                   [&](const char* k) { return key == k; });
+    const bool known =
+        std::any_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; });
     TORCH_CHECK_TYPE(known, who, ": unexpected option '", key, "'");
   }
   auto get = [&](const char* name, py::object fallback) -> py::object {
@@ -74,12 +74,14 @@ GraphOptions validateOptions(const std::string& who, const py::dict& options,
                       py::repr(h).cast<std::string>());
     o.static_argnums.push_back(h.cast<int64_t>());
   }
-  o.warmup_iters = static_cast<int>(intOption(who, "warmup_iters", get("warmup_iters", py::int_(1)), 1));
+  o.warmup_iters =
+      static_cast<int>(intOption(who, "warmup_iters", get("warmup_iters", py::int_(1)), 1));
   o.rerecord_limit =
       static_cast<int>(intOption(who, "rerecord_limit", get("rerecord_limit", py::int_(8)), 0));
   o.max_signatures = static_cast<int>(intOption(
       who, "max_recorded_shapes", get("max_recorded_shapes", py::int_(0)), min_signatures));
-  o.chain_limit = static_cast<int>(intOption(who, "chain_limit", get("chain_limit", py::int_(16)), 1));
+  o.chain_limit =
+      static_cast<int>(intOption(who, "chain_limit", get("chain_limit", py::int_(16)), 1));
   const py::object policy = get("on_overwrite", py::str("raise"));
   const bool is_str = py::isinstance<py::str>(policy);
   const std::string p = is_str ? policy.cast<std::string>() : "";

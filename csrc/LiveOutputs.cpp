@@ -30,8 +30,7 @@ c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device) 
 }
 
 void LiveOutputs::track(const c10::Storage& storage, int64_t slot, TreeNode* node,
-                        const std::string& producer, bool copy_on_overwrite,
-                        int64_t generation) {
+                        const std::string& producer, bool copy_on_overwrite, int64_t generation) {
   LiveOutput e;
   e.weak = storage.getWeakStorageImpl();
   e.ptr = reinterpret_cast<uintptr_t>(storage.data());
@@ -184,7 +183,9 @@ void LiveOutputs::adopt(RestoreResult* restored, const std::unordered_set<int64_
         by_ptr.erase(found);
         return false;
       },
-      [] { return std::string("the pool was restored for a new run of the tree and reuses its memory"); });
+      [] {
+        return std::string("the pool was restored for a new run of the tree and reuses its memory");
+      });
   // DataPtrs left in `restored` belong to blocks whose tensors died: dropping them frees them.
 }
 

@@ -2,6 +2,7 @@
 
 #include "Logging.h"
 #include "ProcessState.h"
+#include "TreeInfo.h"
 
 #include <c10/util/Exception.h>
 
@@ -32,8 +33,8 @@ void PoolBookkeeping::prepareToAllocate(TreeNode* current, std::vector<at::Tenso
 }
 
 void PoolBookkeeping::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
-                                    const std::vector<uint8_t>& is_static,
-                                    const std::unordered_set<int64_t>& slots_at_risk) const {
+                                        const std::vector<uint8_t>& is_static,
+                                        const std::unordered_set<int64_t>& slots_at_risk) const {
   if (slots_at_risk.empty()) return;
   for (size_t i = 0; i < inputs->size(); ++i) {
     at::Tensor& t = (*inputs)[i];
@@ -130,6 +131,37 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
   logMessage(LogLevel::kDebug, "restored the pool to the checkpoint of node " +
                                    std::to_string(node->id()) + " ('" + node->function_name_ +
                                    "'); checkpoints so far: " + std::to_string(restores_));
+}
+
+// Note [Kept state]
+// A warmup may create tensors and keep them without returning them: a cache or buffer a module
+// creates lazily on its first call (transformers' StaticCache does). They were allocated in the
+// pool, untracked, and would block every later restore. At the end of each warmup, blocks that no
+// tracked output owns are looked up among the live tensor objects (Python's gc), and each storage
+// found is moved out of the pool (its bytes copied, the storage rebound in place): the recording
+// then sees an ordinary tensor at a fixed address. Logged at INFO, counted as a migration. A
+// tensor created and kept by a recording is still an error (its memory belongs to the graph).
+void PoolBookkeeping::moveKeptStateOutOfPool(const std::string& function_name) {
+  const auto owning = live_.owningBlocks();
+  if (backend_.checkLiveAllocations(owning)) return;
+  std::vector<void*> kept;
+  for (void* p : backend_.allocatedBlocks()) {
+    if (!owning.count(p)) kept.push_back(p);
+  }
+  int64_t moved = 0;
+  int64_t bytes = 0;
+  for (const c10::Storage& storage : findStorages(kept)) {
+    if (live_.contains(storage.unsafeGetStorageImpl())) continue;
+    bytes += static_cast<int64_t>(storage.nbytes());
+    live_.moveOutOfPool(*storage.unsafeGetStorageImpl());
+    moved++;
+  }
+  if (moved > 0) {
+    logMessage(LogLevel::kInfo, "moved " + std::to_string(moved) + " tensor(s) (" +
+                                    bytesString(bytes) + ") that a warmup of '" + function_name +
+                                    "' created and kept without returning them (lazily created "
+                                    "state, such as a cache) out of graphtrees' pool");
+  }
 }
 
 }  // namespace graphtrees

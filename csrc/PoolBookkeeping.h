@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -42,6 +43,10 @@ class PoolBookkeeping {
   // input cannot be: that is an error). Throws RestoreFailed when the restore fails.
   void prepareToAllocate(TreeNode* current, std::vector<at::Tensor>* inputs,
                          const std::vector<uint8_t>& is_static);
+
+  // At the end of a warmup: moves state the function created and kept without returning it out
+  // of the pool (Note [Kept state] in PoolBookkeeping.cpp).
+  void moveKeptStateOutOfPool(const std::string& function_name);
 
   int64_t restores() const { return restores_; }
   // Pool bytes a restore that failed half-way left unreachable.

@@ -109,8 +109,8 @@ void runBlocking(const std::function<void()>& wait) {
 
 FailurePoint failurePointFromName(const std::string& name) {
   static const std::array<const char*, static_cast<size_t>(FailurePoint::kCount)> names = {
-      "restore",    "backend_restore", "partial_restore", "checkpoint",
-      "capture_end", "end_allocate",   "release_pool"};
+      "restore",     "backend_restore", "partial_restore", "checkpoint",
+      "capture_end", "end_allocate",    "release_pool"};
   for (size_t i = 0; i < names.size(); ++i) {
     if (name == names[i]) return static_cast<FailurePoint>(i);
   }

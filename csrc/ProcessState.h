@@ -80,13 +80,13 @@ void runBlocking(const std::function<void()>& wait);
 
 // Where a failure can be injected. Each point fails the next `n` times it is reached.
 enum class FailurePoint : int {
-  kRestore = 0,      // the tree's restore, before it touches anything (PyTorch issue #140419)
-  kBackendRestore,   // the backend's restore, leaving the pool unchanged
-  kPartialRestore,   // the backend's restore, after it changed the pool (as c10's can)
-  kCheckpoint,       // the backend's checkpoint after a recording
-  kCaptureEnd,       // the end of a capture: the device rejects the recording
-  kEndAllocate,      // the end of pool routing (an asynchronous error surfacing at the sync)
-  kReleasePool,      // releasing the pool at reset (an asynchronous error at the final sync)
+  kRestore = 0,     // the tree's restore, before it touches anything (PyTorch issue #140419)
+  kBackendRestore,  // the backend's restore, leaving the pool unchanged
+  kPartialRestore,  // the backend's restore, after it changed the pool (as c10's can)
+  kCheckpoint,      // the backend's checkpoint after a recording
+  kCaptureEnd,      // the end of a capture: the device rejects the recording
+  kEndAllocate,     // the end of pool routing (an asynchronous error surfacing at the sync)
+  kReleasePool,     // releasing the pool at reset (an asynchronous error at the final sync)
   kCount
 };
 

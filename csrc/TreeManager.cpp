@@ -1,8 +1,8 @@
 #include "TreeManager.h"
 
 #include "AutocastState.h"
+#include "InputMutationCheck.h"
 #include "Logging.h"
-#include "MutationWatch.h"
 #include "ProcessState.h"
 
 #include <ATen/ops/empty.h>
@@ -34,35 +34,6 @@ const char* kindName(RunKind k) {
   return "?";
 }
 
-// Version counters of the inputs a function must not mutate; inference tensors have none.
-std::vector<int64_t> versionsOf(const std::vector<at::Tensor>& tensors,
-                                const std::vector<int64_t>& which) {
-  std::vector<int64_t> v;
-  v.reserve(which.size());
-  for (int64_t i : which) {
-    const auto& t = tensors[i];
-    v.push_back(t.is_inference() ? -1 : static_cast<int64_t>(t._version()));
-  }
-  return v;
-}
-
-// Whether no two elements of `t` share memory (dense, or strided with gaps such as a slice); an
-// expanded tensor (stride 0) overlaps.
-bool elementsDoNotOverlap(const at::Tensor& t) {
-  if (t.is_non_overlapping_and_dense()) return true;
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that matter
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t reach = 0;  // the furthest element offset the smaller-stride dims reach
-  for (const auto& [stride, size] : dims) {
-    if (stride <= reach) return false;
-    reach += stride * (size - 1);
-  }
-  return true;
-}
-
 // Gradients (outputs of backward functions) are always copied out rather than invalidated: they
 // may sit in .grad (Note [Pinned gradients]).
 bool copyOnOverwrite(const FunctionRecord& fn) {
@@ -76,7 +47,9 @@ std::string whereOf(const TreeNode* node) {
 }  // namespace
 
 TreeManager::TreeManager(std::unique_ptr<Backend> backend)
-    : backend_(std::move(backend)), live_(*backend_), bookkeeping_(*backend_, live_),
+    : backend_(std::move(backend)),
+      live_(*backend_),
+      bookkeeping_(*backend_, live_),
       root_(-1, nullptr),
       seen_step_(currentStep()) {}
 
@@ -405,30 +378,16 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
       unmanaged.push_back(static_cast<int64_t>(i));
     }
   }
-  const auto before = versionsOf(ins, unmanaged);
-  // Inference tensors have no version counter: watch the ops' schemas for writes to them.
-  std::unordered_map<const c10::StorageImpl*, int64_t> unversioned;
-  for (int64_t i : unmanaged) {
-    if (ins[i].is_inference()) unversioned.emplace(ins[i].storage().unsafeGetStorageImpl(), i);
-  }
   std::vector<at::Tensor> outs;
   int64_t mutated = -1;
   std::string mutating_op;
   {
-    std::optional<MutationWatch> watch;
-    if (!unversioned.empty()) watch.emplace(std::move(unversioned));
+    InputMutationCheck mutations(ins, unmanaged);
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PoolRoutingGuard routing(*backend_);
     outs = run(ins);
     routing.end();
-    if (watch) {
-      mutated = watch->firstMutated();
-      mutating_op = watch->mutatingOp();
-    }
-  }
-  const auto after = versionsOf(ins, unmanaged);
-  for (size_t k = 0; k < unmanaged.size() && mutated < 0; ++k) {
-    if (before[k] != after[k]) mutated = unmanaged[k];
+    mutated = mutations.firstMutated(&mutating_op);
   }
   if (mutated >= 0) {
     fn.eager_reason = "it mutates its input tensor #" + std::to_string(mutated) + " in place" +
@@ -443,10 +402,9 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
     if (input_storages.count(impl) || live_.contains(impl) || impl->nbytes() == 0) continue;
     if (!backend_->inPool(impl->data())) continue;
-    live_.track(t.storage(), live_.newSlot(), nullptr, fn.name,
-                copyOnOverwrite(fn), generation_);
+    live_.track(t.storage(), live_.newSlot(), nullptr, fn.name, copyOnOverwrite(fn), generation_);
   }
-  moveKeptStateOutOfPool(fn);
+  bookkeeping_.moveKeptStateOutOfPool(fn.name);  // Note [Kept state]
   fn.warmups++;
   num_warmups_++;
   state_ = PathState::kWarmup;
@@ -454,37 +412,6 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   logMessage(LogLevel::kDebug, "warmed up '" + fn.name + "' (" + std::to_string(fn.warmups) + "/" +
                                    std::to_string(fn.warmup_iters) + ")");
   return {std::move(outs), RunKind::kWarmup};
-}
-
-// Note [Kept state]
-// A warmup may create tensors and keep them without returning them: a cache or buffer a module
-// creates lazily on its first call (transformers' StaticCache does). They were allocated in the
-// pool, untracked, and would block every later restore. At the end of each warmup, blocks that no
-// tracked output owns are looked up among the live tensor objects (Python's gc), and each storage
-// found is moved out of the pool (its bytes copied, the storage rebound in place): the recording
-// then sees an ordinary tensor at a fixed address. Logged at INFO, counted as a migration. A
-// tensor created and kept by a recording is still an error (its memory belongs to the graph).
-void TreeManager::moveKeptStateOutOfPool(const FunctionRecord& fn) {
-  const auto owning = live_.owningBlocks();
-  if (backend_->checkLiveAllocations(owning)) return;
-  std::vector<void*> kept;
-  for (void* p : backend_->allocatedBlocks()) {
-    if (!owning.count(p)) kept.push_back(p);
-  }
-  int64_t moved = 0;
-  int64_t bytes = 0;
-  for (const c10::Storage& storage : findStorages(kept)) {
-    if (live_.contains(storage.unsafeGetStorageImpl())) continue;
-    bytes += static_cast<int64_t>(storage.nbytes());
-    live_.moveOutOfPool(*storage.unsafeGetStorageImpl());
-    moved++;
-  }
-  if (moved > 0) {
-    logMessage(LogLevel::kInfo, "moved " + std::to_string(moved) + " tensor(s) (" +
-                                    bytesString(bytes) + ") that a warmup of '" + fn.name +
-                                    "' created and kept without returning them (lazily created "
-                                    "state, such as a cache) out of graphtrees' pool");
-  }
 }
 
 CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
@@ -511,7 +438,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
       // The placeholder keeps the caller's strides (a compiled graph was made for them), gaps
       // included (a slice such as tokens[:, :-1]); only an input whose elements overlap (an
       // expanded tensor) gets a contiguous placeholder, since nothing can be copied into it.
-      rec.dense[i] = elementsDoNotOverlap(src) ? 1 : 0;
+      rec.dense[i] = TreeNode::elementsDoNotOverlap(src) ? 1 : 0;
       at::Tensor ph = rec.dense[i] ? at::empty_strided(src.sizes(), src.strides(), src.options())
                                    : at::empty(src.sizes(), src.options());
       ph.copy_(src);
@@ -520,23 +447,24 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
     }
     routing.end();
   }
-  const auto before = versionsOf(rec.inputs, rec.copied);
+  int64_t mutated = -1;
+  std::string mutating_op;
   try {
+    InputMutationCheck mutations(rec.inputs, rec.copied);
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     rec.graph = backend_->capture(run, rec.inputs, &rec.outputs, fn.name);
+    mutated = mutations.firstMutated(&mutating_op);
   } catch (const CaptureRejected& e) {
     // The backend undid the capture; the tree is as it was. See Note [Rejected captures].
     fn.eager_reason = std::string("it cannot be recorded as a graph: ") + e.what();
     return runEager(fn, inputs, run, fn.eager_reason);
   }
-  const auto after = versionsOf(rec.inputs, rec.copied);
-  for (size_t k = 0; k < rec.copied.size(); ++k) {
-    if (before[k] != after[k]) {
-      fn.eager_reason = "it mutates its input tensor #" + std::to_string(rec.copied[k]) +
-                        " in place; a graph would mutate a private copy instead";
-      return runEager(fn, inputs, run, fn.eager_reason);
-    }
+  if (mutated >= 0) {
+    fn.eager_reason = "it mutates its input tensor #" + std::to_string(mutated) + " in place" +
+                      (mutating_op.empty() ? "" : " (" + mutating_op + ")") +
+                      "; a graph would mutate a private copy instead";
+    return runEager(fn, inputs, run, fn.eager_reason);
   }
   std::vector<c10::Storage> slot_storages;
   auto node = TreeNode::fromRecording(
@@ -567,8 +495,8 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   num_nodes_++;
   if (current_ == nullptr) root_functions_.insert(fn.id);
   for (size_t k = 0; k < raw->slots_.size(); ++k) {
-    live_.track(slot_storages[k], raw->slots_[k].id, raw, fn.name,
-                copyOnOverwrite(fn), generation_);
+    live_.track(slot_storages[k], raw->slots_[k].id, raw, fn.name, copyOnOverwrite(fn),
+                generation_);
   }
   raw->checkpoint_live_slots_ = live_.liveSlots();
   path_.push_back(raw);

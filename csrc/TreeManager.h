@@ -126,7 +126,6 @@ class TreeManager {
   CallResult runEager(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run,
                       const std::string& reason);
   CallResult warmup(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run);
-  void moveKeptStateOutOfPool(const FunctionRecord& fn);  // Note [Kept state]
   CallResult record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run,
                     const CallKey& key);
   CallResult replay(TreeNode& node, FunctionRecord& fn, const std::vector<at::Tensor>& inputs,

@@ -54,8 +54,8 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   std::unordered_map<const c10::StorageImpl*, int64_t> slot_index;
   const c10::Device device = rec.graph_device;
   for (const auto& o : rec.outputs) {
-    TORCH_CHECK(o.device() == device, "graphtrees: '", rec.function_name,
-                "' returned a tensor on ", o.device(), " while its graph runs on ", device,
+    TORCH_CHECK(o.device() == device, "graphtrees: '", rec.function_name, "' returned a tensor on ",
+                o.device(), " while its graph runs on ", device,
                 "; every tensor output of a graphed function must be on the graph's device.");
     OutputInfo info;
     info.meta = metaOf(o);
@@ -66,8 +66,8 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
     auto known = slot_index.find(impl);
     if (nbytes == 0 || data == 0) {
       info.kind = OutputKind::kEmpty;
-    } else if (in != input_of.end() && !(rec.input_kinds[in->second] == InputKind::kCopied &&
-                                         !rec.dense[in->second])) {
+    } else if (in != input_of.end() &&
+               !(rec.input_kinds[in->second] == InputKind::kCopied && !rec.dense[in->second])) {
       // Keeps eager's aliasing: the output is a view of the caller's own input.
       info.kind = OutputKind::kInputAlias;
       info.index = in->second;
@@ -97,15 +97,31 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   // recording is done (unless an output keeps them), and a replay copies into the same address.
   for (int64_t i : rec.copied) {
     const auto& ph = rec.inputs[i];
-    node->placeholders_.push_back(
-        makeTensor(viewOf(reinterpret_cast<uintptr_t>(ph.storage().data()), ph.storage().nbytes(),
-                          device),
-                   metaOf(ph)));
+    node->placeholders_.push_back(makeTensor(
+        viewOf(reinterpret_cast<uintptr_t>(ph.storage().data()), ph.storage().nbytes(), device),
+        metaOf(ph)));
   }
   node->graph_ = std::move(rec.graph);
   rec.outputs.clear();
   rec.inputs.clear();
   return node;
+}
+
+// Whether no two elements of `t` share memory (dense, or strided with gaps such as a slice); an
+// expanded tensor (stride 0) overlaps.
+bool TreeNode::elementsDoNotOverlap(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense()) return true;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that matter
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the furthest element offset the smaller-stride dims reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) return false;
+    reach += stride * (size - 1);
+  }
+  return true;
 }
 
 TreeNode* TreeNode::addChild(std::unique_ptr<TreeNode> child) {
@@ -140,7 +156,8 @@ std::string TreeNode::whyKeyDiffers(const std::vector<InputKind>& kinds,
                                           : " is an output of the previous call now");
     }
     if (then == InputKind::kStatic) {
-      if (key_ptrs_[k] != key_ptrs[k]) return "static input " + std::to_string(i) + " changed address";
+      if (key_ptrs_[k] != key_ptrs[k])
+        return "static input " + std::to_string(i) + " changed address";
       k += 1;
     } else if (then == InputKind::kManaged) {
       if (key_ptrs_[k + 1] != key_ptrs[k + 1]) {

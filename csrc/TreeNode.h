@@ -111,6 +111,10 @@ class TreeNode {
     return function_id_ == function_id && key_ptrs_ == ptrs;
   }
 
+  // Whether no two elements of `t` share memory (dense, or strided with gaps such as a slice): a
+  // copied input's placeholder then keeps its strides (Recording::dense).
+  static bool elementsDoNotOverlap(const at::Tensor& t);
+
   // Why this node's key does not match a call with input kinds `kinds` and key `key_ptrs` of the
   // same function (for the re-record log), or "" if it does.
   std::string whyKeyDiffers(const std::vector<InputKind>& kinds,

@@ -51,8 +51,8 @@ std::shared_ptr<TreeManager> findOrCreate(c10::Device device, bool create, std::
     r.trees.emplace(key, tree);
   }
   // Logged outside the registry's lock: the log sink takes the GIL.
-  logMessage(LogLevel::kDebug, "created the tree for " + device.str() + " (backend " +
-                                   tree->backendName() + ")");
+  logMessage(LogLevel::kDebug,
+             "created the tree for " + device.str() + " (backend " + tree->backendName() + ")");
   return tree;
 }
 

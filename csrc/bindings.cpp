@@ -188,8 +188,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<GraphedCallable, std::shared_ptr<GraphedCallable>>(m, "GraphedCallable",
                                                                 py::dynamic_attr())
       .def(py::init(wrap_pybind_function([](py::object fn, py::dict options, py::object module,
-                                             py::object name, FunctionMode mode,
-                                             std::string eager_reason) {
+                                            py::object name, FunctionMode mode,
+                                            std::string eager_reason) {
              const GraphOptions validated = validateOptions("graphtrees.cudagraphify", options);
              TORCH_CHECK_TYPE(py::isinstance<py::str>(name),
                               "graphtrees.cudagraphify: name must be a str, got ",
@@ -203,10 +203,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("eager_reason") = "",
            "options: static_argnums, warmup_iters, rerecord_limit, max_recorded_shapes, "
            "on_overwrite, chain_limit (see graphtrees.cudagraphify).")
-      .def("__call__", wrap_pybind_function([](GraphedCallable& self, const py::args& args,
-                                               const py::kwargs& kwargs) {
-             return self.call(args, kwargs);
-           }))
+      .def("__call__",
+           wrap_pybind_function([](GraphedCallable& self, const py::args& args,
+                                   const py::kwargs& kwargs) { return self.call(args, kwargs); }))
       .def("signatures", &GraphedCallable::signatures,
            "Per call signature: function id, warmups, re-records and the eager-fallback reason.")
       .def("__get__",
@@ -220,19 +219,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   m.def("mark_step_begin", &markStepBegin,
         "Starts a new step: the next call of any graphed function begins a new generation.");
-  m.def(
-      "reset", wrap_pybind_function([] {
-        TORCH_CHECK(!inTreeCall(),
-                    "graphtrees.reset() (or torch._dynamo.reset()) was called from inside a "
-                    "graphed function's run; call it between graphed calls.");
-        py::gil_scoped_release no_gil;
-        TreeRegistry::resetAll();
-      }),
-      "Frees every tree: nodes, graphs and pools. Outputs still alive become invalid.");
+  m.def("reset", wrap_pybind_function([] {
+          TORCH_CHECK(!inTreeCall(),
+                      "graphtrees.reset() (or torch._dynamo.reset()) was called from inside a "
+                      "graphed function's run; call it between graphed calls.");
+          py::gil_scoped_release no_gil;
+          TreeRegistry::resetAll();
+        }),
+        "Frees every tree: nodes, graphs and pools. Outputs still alive become invalid.");
   m.def("tree_info", wrap_pybind_function(&treeInfo), py::arg("device"));
   m.def("tree_to_dot", wrap_pybind_function(&treeToDot), py::arg("device"));
-  m.def("check_pool_invariants", wrap_pybind_function(&checkPoolInvariants), py::arg("device"),
-        "(ok, why): the pool's allocated blocks are exactly the live outputs that own pool memory.");
+  m.def(
+      "check_pool_invariants", wrap_pybind_function(&checkPoolInvariants), py::arg("device"),
+      "(ok, why): the pool's allocated blocks are exactly the live outputs that own pool memory.");
   m.def("_validate_options",
         wrap_pybind_function([](const std::string& who, py::dict options, int64_t min_signatures) {
           validateOptions(who, options, min_signatures);
@@ -250,8 +249,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_pytree_hooks", &setPyTreeHooks, py::arg("flatten"), py::arg("unflatten"),
         "flatten(obj) -> None or (children, context); unflatten(type, context, children).");
   m.def(
-      "_fail_next_restores", [](int n) { injectFailure(FailurePoint::kRestore, n); },
-      py::arg("n"), "Testing hook: the next n pool restores fail as PyTorch issue #140419 does.");
+      "_fail_next_restores", [](int n) { injectFailure(FailurePoint::kRestore, n); }, py::arg("n"),
+      "Testing hook: the next n pool restores fail as PyTorch issue #140419 does.");
   m.def("_inject_failure", wrap_pybind_function([](const std::string& point, int n) {
           injectFailure(failurePointFromName(point), n);
         }),

@@ -1,7 +1,7 @@
 #include "cuda/CudaBackend.h"
 
-#include "ProcessState.h"
 #include "Logging.h"
+#include "ProcessState.h"
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/Tensor.h>
@@ -192,8 +192,7 @@ void CudaBackend::abandonCapture(std::unique_ptr<at::cuda::CUDAGraph> graph, int
   (void)cudaGetLastError();  // the capture error is not sticky; do not leave it for others
   std::string ignored;
   collectError(&ignored, "", [&] { CCA::endAllocateToPool(device_.index(), pool_); });
-  collectError(&ignored, "",
-               [&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool_); });
+  collectError(&ignored, "", [&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool_); });
   int uses = uses_before;
   collectError(&ignored, "", [&] { uses = CCA::getPoolUseCount(device_.index(), pool_); });
   for (; uses > uses_before; --uses) {
@@ -298,9 +297,8 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     for (const auto& b : seg.second) {
       if (!b.allocated || !allocated_before.count({b.ptr, b.size})) continue;
       const bool holds_output =
-          std::any_of(output_ranges.begin(), output_ranges.end(), [&](const Interval& r) {
-            return r.begin < b.ptr + b.size && r.end > b.ptr;
-          });
+          std::any_of(output_ranges.begin(), output_ranges.end(),
+                      [&](const Interval& r) { return r.begin < b.ptr + b.size && r.end > b.ptr; });
       if (!holds_output) protected_blocks.push_back({b.ptr, b.ptr + b.size});
     }
   }

@@ -1,0 +1,47 @@
+#pragma once
+
+// Which of a function's inputs one run mutates in place. Version counters tell for ordinary
+// tensors; tensors made under torch.inference_mode() have none, so for them the check watches,
+// on the calling thread and while it lives, for ops whose schema writes to their storage (an
+// argument annotated `Tensor(a!)`).
+
+#include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace graphtrees {
+
+class InputMutationCheck {
+ public:
+  // Starts checking inputs `which` (flat indices into `tensors`).
+  InputMutationCheck(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& which);
+  ~InputMutationCheck();
+  InputMutationCheck(const InputMutationCheck&) = delete;
+  InputMutationCheck& operator=(const InputMutationCheck&) = delete;
+
+  // After the run: the first input it mutated (a flat index) or -1; `op` names the op when the
+  // schema watch saw it.
+  int64_t firstMutated(std::string* op) const;
+
+ private:
+  static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
+  void check(const at::RecordFunction& fn);
+
+  const std::vector<at::Tensor>& tensors_;
+  std::vector<int64_t> which_;
+  std::vector<int64_t> versions_;  // -1 for inference tensors
+  std::unordered_map<const c10::StorageImpl*, int64_t> unversioned_;
+  int64_t watched_mutation_ = -1;
+  std::string op_;
+  InputMutationCheck* prev_ = nullptr;
+  std::optional<at::CallbackHandle> handle_;
+  std::optional<at::RecordFunctionGuard> enabled_;
+};
+
+}  // namespace graphtrees
