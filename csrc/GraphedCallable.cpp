@@ -6,6 +6,7 @@
 #include "TreeRegistry.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -47,8 +48,9 @@ int64_t intOption(const std::string& who, const char* name, const py::handle& va
 
 GraphOptions validateOptions(const std::string& who, const py::dict& options,
                              int64_t min_signatures) {
-  static const char* const kKnown[] = {"static_argnums",      "warmup_iters", "rerecord_limit",
-                                       "max_recorded_shapes", "on_overwrite", "chain_limit"};
+  static const char* const kKnown[] = {"static_argnums", "warmup_iters",        "rerecord_limit",
+                                       "on_overwrite",   "max_recorded_shapes", "chain_limit",
+                                       "buckets",        "bucket_dim"};
   for (auto item : options) {
     const std::string key = py::str(item.first).cast<std::string>();
     const bool known =
@@ -89,6 +91,22 @@ GraphOptions validateOptions(const std::string& who, const py::dict& options,
                     ": on_overwrite must be 'raise' or 'copy', got ",
                     py::repr(policy).cast<std::string>());
   o.copy_on_overwrite = p == "copy";
+  const py::object buckets = get("buckets", py::none());
+  if (!buckets.is_none()) {
+    bool ok = py::isinstance<py::iterable>(buckets) && !py::isinstance<py::str>(buckets);
+    if (ok) {
+      for (py::handle h : buckets) {
+        ok = ok && PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && h.cast<int64_t>() >= 1;
+        if (ok) o.buckets.push_back(h.cast<int64_t>());
+      }
+    }
+    TORCH_CHECK_VALUE(ok && !o.buckets.empty(), who,
+                      ": buckets must be a non-empty sequence of ints >= 1, got ",
+                      py::repr(buckets).cast<std::string>());
+    std::sort(o.buckets.begin(), o.buckets.end());
+    o.buckets.erase(std::unique(o.buckets.begin(), o.buckets.end()), o.buckets.end());
+  }
+  o.bucket_dim = intOption(who, "bucket_dim", get("bucket_dim", py::int_(0)), 0);
   return o;
 }
 
@@ -101,6 +119,8 @@ GraphedCallable::GraphedCallable(py::object fn, const GraphOptions& options, py:
       rerecord_limit_(options.rerecord_limit),
       chain_limit_(options.chain_limit),
       copy_on_overwrite_(options.copy_on_overwrite),
+      buckets_(options.buckets),
+      bucket_dim_(options.bucket_dim),
       mode_(mode),
       eager_reason_(std::move(eager_reason)),
       max_signatures_(options.max_signatures) {
@@ -195,7 +215,55 @@ py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwa
   return fn_(*args, **kwargs);
 }
 
+// Note [Buckets]
+// With buckets, the batch size b of a call is the size along bucket_dim of its first non-static
+// tensor argument. Every non-static tensor argument of that size along bucket_dim is padded with
+// zeros to the smallest bucket >= b, the call runs (and is recorded) at the bucket's size, and
+// every tensor result whose size along bucket_dim is that bucket is narrowed back to b (a view
+// of the padded result). A batch above the largest bucket runs eagerly. All buckets' recordings
+// live in the one tree and pool; a function whose result mixes the batch (a sum over it, say)
+// sees the zeros, which is the caller's to account for.
 py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs) {
+  if (buckets_.empty() || inTreeCall()) return callExact(args, kwargs);
+  FlatArgs flat;
+  flattenArgs(args, kwargs, static_args_, &flat);
+  if (!flat.unsupported.empty()) return callExact(args, kwargs);  // runs eagerly, logged there
+  const int64_t d = bucket_dim_;
+  int64_t b = -1;
+  for (size_t i = 0; i < flat.tensors.size() && b < 0; ++i) {
+    if (!flat.is_static[i] && flat.tensors[i].dim() > d) b = flat.tensors[i].size(d);
+  }
+  if (b < 0) return callExact(args, kwargs);
+  auto it = std::lower_bound(buckets_.begin(), buckets_.end(), b);
+  if (it == buckets_.end()) {
+    return fallback(args, kwargs, flat,
+                    "its batch size (dimension " + std::to_string(d) +
+                        ") is above the largest bucket (" + std::to_string(buckets_.back()) +
+                        "); add a larger bucket to graph it");
+  }
+  const int64_t bucket = *it;
+  if (bucket == b) return callExact(args, kwargs);
+  for (size_t i = 0; i < flat.tensors.size(); ++i) {
+    at::Tensor& t = flat.tensors[i];
+    if (flat.is_static[i] || t.dim() <= d || t.size(d) != b) continue;
+    std::vector<int64_t> sizes = t.sizes().vec();
+    sizes[d] = bucket;
+    at::Tensor padded = at::zeros(sizes, t.options());
+    padded.narrow(d, 0, b).copy_(t);
+    t = std::move(padded);
+  }
+  auto rebuilt = rebuildArgs(args, kwargs, flat.tensors);
+  py::object out = callExact(py::reinterpret_borrow<py::args>(rebuilt.first),
+                             py::reinterpret_borrow<py::kwargs>(rebuilt.second));
+  std::vector<at::Tensor> outs;
+  const OutputSpec spec = OutputSpec::flatten(out, &outs, name_);
+  for (at::Tensor& t : outs) {
+    if (t.dim() > d && t.size(d) == bucket) t = t.narrow(d, 0, b);
+  }
+  return spec.unflatten(outs);
+}
+
+py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kwargs) {
   // A graphed function called while another one is being warmed up, recorded or replayed on this
   // thread is part of that run: it runs eagerly inside it.
   if (inTreeCall()) return fn_(*args, **kwargs);

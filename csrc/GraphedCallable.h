@@ -25,12 +25,14 @@ struct GraphOptions {
   int max_signatures = 0;          // > 0 bounds the recorded signatures (LRU eviction past it)
   int chain_limit = 16;            // runs on its own outputs in one step before a new step
   bool copy_on_overwrite = false;  // on_overwrite="copy"
+  std::vector<int64_t> buckets;    // sorted, unique; empty: no padding
+  int64_t bucket_dim = 0;
 };
 
 // The one place where user-facing options are checked (cudagraphify and graphtrees.compile both
 // come here): `options` holds any of static_argnums, warmup_iters, rerecord_limit,
-// max_recorded_shapes, on_overwrite, chain_limit (defaults for the others). ValueError (or
-// TypeError for an unknown option) naming `who`. max_recorded_shapes is at least
+// max_recorded_shapes, on_overwrite, chain_limit, buckets, bucket_dim (defaults for the others).
+// ValueError (or TypeError for an unknown option) naming `who`. max_recorded_shapes is at least
 // `min_signatures` (0 means unbounded).
 GraphOptions validateOptions(const std::string& who, const py::dict& options,
                              int64_t min_signatures = 0);
@@ -42,7 +44,13 @@ class GraphedCallable {
   GraphedCallable(py::object fn, const GraphOptions& options, py::object module, std::string name,
                   FunctionMode mode, std::string eager_reason);
 
+  // With buckets, pads the call's batch up to a bucket first and narrows the results back
+  // (Note [Buckets]); then callExact().
   py::object call(const py::args& args, const py::kwargs& kwargs);
+
+  const std::vector<int64_t>& buckets() const { return buckets_; }
+  int64_t bucketDim() const { return bucket_dim_; }
+  int warmupIters() const { return warmup_iters_; }
 
   // Per-signature state, for introspection.
   py::list signatures() const;
@@ -60,6 +68,7 @@ class GraphedCallable {
     uint64_t last_used = 0;
   };
 
+  py::object callExact(const py::args& args, const py::kwargs& kwargs);
   py::object fallback(const py::args& args, const py::kwargs& kwargs, const FlatArgs& flat,
                       const std::string& reason);
   // Shared, so that a call in flight keeps its signature even if another thread evicts it.
@@ -75,6 +84,8 @@ class GraphedCallable {
   int rerecord_limit_;
   int chain_limit_;
   bool copy_on_overwrite_;
+  std::vector<int64_t> buckets_;
+  int64_t bucket_dim_;
   FunctionMode mode_;
   std::string eager_reason_;
   int max_signatures_;

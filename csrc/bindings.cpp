@@ -202,10 +202,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("name") = "", py::arg("mode") = FunctionMode::kInference,
            py::arg("eager_reason") = "",
            "options: static_argnums, warmup_iters, rerecord_limit, max_recorded_shapes, "
-           "on_overwrite, chain_limit (see graphtrees.cudagraphify).")
+           "on_overwrite, chain_limit, buckets, bucket_dim (see graphtrees.cudagraphify).")
       .def("__call__",
            wrap_pybind_function([](GraphedCallable& self, const py::args& args,
                                    const py::kwargs& kwargs) { return self.call(args, kwargs); }))
+      .def("_buckets", &GraphedCallable::buckets)
+      .def("_bucket_dim", &GraphedCallable::bucketDim)
+      .def("_warmup_iters", &GraphedCallable::warmupIters)
       .def("signatures", &GraphedCallable::signatures,
            "Per call signature: function id, warmups, re-records and the eager-fallback reason.")
       .def("__get__",

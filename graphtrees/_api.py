@@ -26,6 +26,8 @@ def cudagraphify(
     name: Optional[str] = None,
     on_overwrite: str = "raise",
     chain_limit: int = 16,
+    buckets: Optional[Iterable[int]] = None,
+    bucket_dim: int = 0,
 ):
     """Wraps ``fn`` so that its calls are warmed up, recorded as graphs and replayed.
 
@@ -50,6 +52,13 @@ def cudagraphify(
             cost nothing. Counted in ``tree_info()["num_migrations"]``.
         chain_limit: how often the function may run on outputs of its own step (``h = f(h)``)
             before a new step starts anyway (logged once).
+        buckets: batch sizes to record. The batch size of a call is the size along
+            ``bucket_dim`` of its first non-static tensor argument; every non-static tensor of
+            that size is padded with zeros to the smallest bucket that fits, and every result of
+            the bucket's size along ``bucket_dim`` is narrowed back. A batch above the largest
+            bucket runs eagerly (logged once). ``wrapped.capture(*example_args)`` records every
+            bucket ahead of time.
+        bucket_dim: the batch dimension for ``buckets``.
 
     Returns a callable with the same call signature and result structure as ``fn``.
     Calls that cannot be graphed (autograd needed, several devices, unsupported arguments) run
@@ -64,13 +73,18 @@ def cudagraphify(
             name=name,
             on_overwrite=on_overwrite,
             chain_limit=chain_limit,
+            buckets=buckets,
+            bucket_dim=bucket_dim,
         )
     # Options are validated once, in C++ (graphtrees._C.GraphedCallable), for every caller.
     module = fn if isinstance(fn, torch.nn.Module) else None
     options = dict(static_argnums=static_argnums, warmup_iters=warmup_iters,
                    rerecord_limit=rerecord_limit, on_overwrite=on_overwrite,
-                   chain_limit=chain_limit)
+                   chain_limit=chain_limit, buckets=None if buckets is None else list(buckets),
+                   bucket_dim=bucket_dim)
     wrapped = get_ext().GraphedCallable(fn, options, module, _name_of(fn) if name is None else name)
+    wrapped.capture = functools.partial(_capture, wrapped, tuple(static_argnums)
+                                        if not isinstance(static_argnums, int) else (static_argnums,))
     functools.update_wrapper(wrapped, fn, updated=())
     if module is not None:
         wrapped.module = module
@@ -128,3 +142,127 @@ def check_pool_invariants(device: DeviceLike = "cpu") -> Tuple[bool, str]:
     """``(ok, why)``: whether the pool's allocated blocks are exactly the live outputs that own
     pool memory (and, when no replay happened since, that every live output owns its block)."""
     return tuple(get_ext().check_pool_invariants(_device(device)))
+
+
+def _resize_batch(args, kwargs, static_argnums, dim, size):
+    """The example arguments with every non-static tensor's batch (its size along ``dim``, as in
+    the first such tensor) cut or zero-padded to ``size``."""
+    leaves = [(i, a) for i, a in enumerate(args) if i not in static_argnums]
+    batch = None
+    for leaf in torch.utils._pytree.tree_leaves(([a for _, a in leaves], kwargs)):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > dim:
+            batch = leaf.shape[dim]
+            break
+    if batch is None:
+        raise ValueError("capture(): the example arguments have no tensor with a batch dimension "
+                         f"(dimension {dim})")
+
+    def resize(t):
+        if not isinstance(t, torch.Tensor) or t.dim() <= dim or t.shape[dim] != batch:
+            return t
+        if size <= batch:
+            return t.narrow(dim, 0, size).clone()
+        shape = list(t.shape)
+        shape[dim] = size
+        out = t.new_zeros(shape)
+        out.narrow(dim, 0, batch).copy_(t)
+        return out
+
+    new_args = tuple(a if i in static_argnums else torch.utils._pytree.tree_map(resize, a)
+                     for i, a in enumerate(args))
+    return new_args, torch.utils._pytree.tree_map(resize, kwargs)
+
+
+class _Progress:
+    """tqdm when installed, else one updating line on a terminal, else log lines."""
+
+    def __init__(self, total, enabled):
+        import logging
+        import sys
+
+        self._bar = None
+        self._tty = False
+        self._log = logging.getLogger("graphtrees")
+        self._enabled = enabled
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc="graphtrees capture", unit="bucket")
+        except ImportError:
+            self._tty = sys.stderr.isatty()
+
+    def update(self, text):
+        import sys
+
+        if not self._enabled:
+            return
+        if self._bar is not None:
+            self._bar.set_postfix_str(text)
+            self._bar.update(1)
+        elif self._tty:
+            sys.stderr.write("\rgraphtrees capture: " + text + " " * 8)
+            sys.stderr.flush()
+        else:
+            self._log.info("capture: %s", text)
+
+    def close(self):
+        import sys
+
+        if self._bar is not None:
+            self._bar.close()
+        elif self._tty:
+            sys.stderr.write("\n")
+
+
+def _capture(wrapped, static_argnums, *args, progress=True, **kwargs):
+    """Records every bucket of ``wrapped`` ahead of time, largest first (so that the smaller ones
+    reuse its memory), from example arguments of any batch size. Python's garbage collector is
+    frozen meanwhile. Returns one dict per bucket: size, seconds, pool_bytes_after and status
+    ("recorded", or "eager" with a reason)."""
+    import gc
+    import time
+
+    buckets = sorted(wrapped._buckets(), reverse=True)
+    if not buckets:
+        raise ValueError("capture() needs graphtrees.cudagraphify(..., buckets=[...])")
+    dim = wrapped._bucket_dim()
+    device = None
+    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor):
+            device = leaf.device
+            break
+    if device is None:
+        raise ValueError("capture(): the example arguments contain no tensor")
+    reports = []
+    bar = _Progress(len(buckets), progress)
+    gc.collect()
+    gc.freeze()
+    started = time.perf_counter()
+    try:
+        for size in buckets:
+            t0 = time.perf_counter()
+            ex_args, ex_kwargs = _resize_batch(args, kwargs, static_argnums, dim, size)
+            before = tree_info(device)
+            for _ in range(wrapped._warmup_iters() + 1):
+                mark_step_begin()
+                wrapped(*ex_args, **ex_kwargs)
+            after = tree_info(device)
+            report = dict(size=size, seconds=round(time.perf_counter() - t0, 4),
+                          pool_bytes_after=after["pool"]["reserved_bytes"])
+            if (after["num_recordings"] > before["num_recordings"]
+                    or after["num_replays"] > before["num_replays"]):
+                report["status"] = "recorded"
+            else:
+                reasons = [s["eager_reason"] for s in wrapped.signatures() if s["eager_reason"]]
+                report["status"] = "eager"
+                report["reason"] = reasons[-1] if reasons else "it ran eagerly"
+            reports.append(report)
+            bar.update(f"bucket {size}: {report['status']}, "
+                       f"{time.perf_counter() - started:.1f} s, "
+                       f"pool {report['pool_bytes_after'] / 2**20:.1f} MiB")
+    finally:
+        gc.unfreeze()
+        bar.close()
+    return reports
