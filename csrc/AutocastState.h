@@ -22,8 +22,9 @@ namespace graphtrees {
 // is made once per autocast region and cached. A warmup would leave that cache's copies in the
 // pool, untracked, and a capture would reuse them instead of recording the casts: the graph would
 // read memory that is freed and reused when the region ends, and never see parameter updates.
-// Warmups, captures and replays therefore run with the cache disabled (the casts become part of
-// the recording), and the autocast state is part of the call signature (GraphedCallable).
+// Warmups, captures and CPU-emulation replays (the only replays that run Python) therefore run
+// with the cache disabled (the casts become part of the recording), and the autocast state is
+// part of the call signature (GraphedCallable).
 class AutocastCacheOff {
  public:
   AutocastCacheOff() : prev_(at::autocast::is_autocast_cache_enabled()) {

@@ -1,5 +1,6 @@
 #include "CpuBackend.h"
 
+#include "AutocastState.h"
 #include "CpuPool.h"
 #include "Logging.h"
 #include "ProcessState.h"
@@ -349,7 +350,8 @@ class CpuGraph final : public Graph {
     std::vector<at::Tensor> outputs;
     {
       RouteGuard guard(&st);
-      RecordingGraphScope recording;  // the recorded program runs again, as it was captured
+      RecordingGraphScope recording;   // the recorded program runs again, as it was captured
+      AutocastCacheOff no_cast_cache;  // as it ran when captured (Note [Autocast and recordings])
       outputs = run(inputs);
     }
     if (st.divergence.empty() && st.cursor != allocations_.size()) {

@@ -227,13 +227,13 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   if (buckets_.empty() || inTreeCall()) return callExact(args, kwargs);
   FlatArgs flat;
   flattenArgs(args, kwargs, static_args_, &flat);
-  if (!flat.unsupported.empty()) return callExact(args, kwargs);  // runs eagerly, logged there
+  if (!flat.unsupported.empty()) return callExact(args, kwargs, &flat);  // eager, logged there
   const int64_t d = bucket_dim_;
   int64_t b = -1;
   for (size_t i = 0; i < flat.tensors.size() && b < 0; ++i) {
     if (!flat.is_static[i] && flat.tensors[i].dim() > d) b = flat.tensors[i].size(d);
   }
-  if (b < 0) return callExact(args, kwargs);
+  if (b < 0) return callExact(args, kwargs, &flat);
   auto it = std::lower_bound(buckets_.begin(), buckets_.end(), b);
   if (it == buckets_.end()) {
     return fallback(args, kwargs, flat,
@@ -242,7 +242,7 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
                         "); add a larger bucket to graph it");
   }
   const int64_t bucket = *it;
-  if (bucket == b) return callExact(args, kwargs);
+  if (bucket == b) return callExact(args, kwargs, &flat);
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
     at::Tensor& t = flat.tensors[i];
     if (flat.is_static[i] || t.dim() <= d || t.size(d) != b) continue;
@@ -263,13 +263,18 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   return spec.unflatten(outs);
 }
 
-py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kwargs) {
+py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kwargs,
+                                      FlatArgs* flattened) {
   // A graphed function called while another one is being warmed up, recorded or replayed on this
   // thread is part of that run: it runs eagerly inside it.
   if (inTreeCall()) return fn_(*args, **kwargs);
 
   FlatArgs flat;
-  flattenArgs(args, kwargs, static_args_, &flat);
+  if (flattened != nullptr) {
+    flat = std::move(*flattened);
+  } else {
+    flattenArgs(args, kwargs, static_args_, &flat);
+  }
   if (!module_.is_none()) {
     refreshModuleTensors();
     const std::vector<at::Tensor> module_tensors = module_tensors_;  // a stable snapshot

@@ -68,7 +68,8 @@ class GraphedCallable {
     uint64_t last_used = 0;
   };
 
-  py::object callExact(const py::args& args, const py::kwargs& kwargs);
+  // `flat`: the arguments already flattened (without module tensors), or nullptr.
+  py::object callExact(const py::args& args, const py::kwargs& kwargs, FlatArgs* flat = nullptr);
   py::object fallback(const py::args& args, const py::kwargs& kwargs, const FlatArgs& flat,
                       const std::string& reason);
   // Shared, so that a call in flight keeps its signature even if another thread evicts it.

@@ -23,12 +23,6 @@ std::string overwriteMessage(const std::string& producer, const std::string& by)
 
 }  // namespace
 
-c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
-                      c10::DataPtr(reinterpret_cast<void*>(ptr), device),
-                      /*allocator=*/nullptr, /*resizable=*/false);
-}
-
 void LiveOutputs::track(const c10::Storage& storage, int64_t slot, TreeNode* node,
                         const std::string& producer, bool copy_on_overwrite, int64_t generation) {
   LiveOutput e;
@@ -95,6 +89,16 @@ std::unordered_set<void*> LiveOutputs::owningBlocks() const {
     if (strong && !isGone(kv.second, *strong) && ownsPoolBlock(*strong)) {
       out.insert(reinterpret_cast<void*>(kv.second.ptr));
     }
+  }
+  return out;
+}
+
+std::vector<void*> LiveOutputs::unownedBlocks() const {
+  const auto owning = owningBlocks();
+  std::vector<void*> out;
+  if (backend_.checkLiveAllocations(owning)) return out;
+  for (void* p : backend_.allocatedBlocks()) {
+    if (!owning.count(p)) out.push_back(p);
   }
   return out;
 }
@@ -206,12 +210,10 @@ bool LiveOutputs::checkInvariants(bool bookkeeping_exact, std::string* why) {
     if (strong && !ownsPoolBlock(*strong)) non_owning++;
   }
   if (!backend_.checkLiveAllocations(owning)) {
-    const auto blocks = backend_.allocatedBlocks();
-    int64_t extra = 0;
-    for (void* p : blocks) extra += owning.count(p) ? 0 : 1;
-    *why = "the pool has " + std::to_string(blocks.size()) + " allocated blocks, " +
-           std::to_string(extra) + " of them not owned by a tracked live output; tracked owning " +
-           "outputs: " + std::to_string(owning.size());
+    *why = "the pool has " + std::to_string(backend_.allocatedBlocks().size()) +
+           " allocated blocks, " + std::to_string(unownedBlocks().size()) +
+           " of them not owned by a tracked live output; tracked owning outputs: " +
+           std::to_string(owning.size());
     return false;
   }
   if (bookkeeping_exact && non_owning > 0) {

@@ -113,6 +113,9 @@ class LiveOutputs {
   std::vector<int64_t> liveSlots() const;
   // Blocks that live owning outputs hold.
   std::unordered_set<void*> owningBlocks() const;
+  // Allocated blocks of the pool that no live output owns (empty when the invariant of Note
+  // [Output ownership] holds for the allocated blocks).
+  std::vector<void*> unownedBlocks() const;
   size_t size() const { return live_.size(); }
   std::unordered_map<int64_t, int64_t> liveCountPerNode() const;
 
@@ -160,8 +163,5 @@ class LiveOutputs {
   int64_t invalidations_ = 0;
   int64_t migrations_ = 0;
 };
-
-// A storage of `nbytes` at `ptr` that owns nothing.
-c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device);
 
 }  // namespace graphtrees

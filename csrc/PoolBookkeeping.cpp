@@ -74,13 +74,11 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
     throw RestoreFailed("node " + std::to_string(node->id()) + " has no checkpoint");
   }
   live_.pruneGone();
-  if (!backend_.checkLiveAllocations(live_.owningBlocks())) {
+  if (!live_.unownedBlocks().empty()) {
     collectGarbage();  // dead cycles may hold pool tensors
     live_.pruneGone();
-    const auto owning = live_.owningBlocks();
-    if (!backend_.checkLiveAllocations(owning)) {
-      int64_t extra = 0;
-      for (void* p : backend_.allocatedBlocks()) extra += owning.count(p) ? 0 : 1;
+    const auto extra = live_.unownedBlocks().size();
+    if (extra > 0) {
       TORCH_CHECK(false, "graphtrees: ", extra,
                   " tensor(s) allocated in graphtrees' pool by a warmup or recording are still "
                   "alive but were never returned by the graphed function (for example a cache "
@@ -142,12 +140,8 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
 // then sees an ordinary tensor at a fixed address. Logged at INFO, counted as a migration. A
 // tensor created and kept by a recording is still an error (its memory belongs to the graph).
 void PoolBookkeeping::moveKeptStateOutOfPool(const std::string& function_name) {
-  const auto owning = live_.owningBlocks();
-  if (backend_.checkLiveAllocations(owning)) return;
-  std::vector<void*> kept;
-  for (void* p : backend_.allocatedBlocks()) {
-    if (!owning.count(p)) kept.push_back(p);
-  }
+  const std::vector<void*> kept = live_.unownedBlocks();
+  if (kept.empty()) return;
   int64_t moved = 0;
   int64_t bytes = 0;
   for (const c10::Storage& storage : findStorages(kept)) {

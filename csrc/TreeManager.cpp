@@ -40,6 +40,12 @@ bool copyOnOverwrite(const FunctionRecord& fn) {
   return fn.copy_on_overwrite || fn.mode == FunctionMode::kBackward;
 }
 
+std::string mutationReason(int64_t input, const std::string& op, const char* advice) {
+  return "it mutates its input tensor #" + std::to_string(input) + " in place" +
+         (op.empty() ? "" : " (" + op + ")") + "; a graph would mutate a private copy instead" +
+         advice;
+}
+
 std::string whereOf(const TreeNode* node) {
   return node ? "node " + std::to_string(node->id()) : "the root";
 }
@@ -390,10 +396,8 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     mutated = mutations.firstMutated(&mutating_op);
   }
   if (mutated >= 0) {
-    fn.eager_reason = "it mutates its input tensor #" + std::to_string(mutated) + " in place" +
-                      (mutating_op.empty() ? "" : " (" + mutating_op + ")") +
-                      "; a graph would mutate a private copy instead. Pass it through "
-                      "static_argnums if its address is stable";
+    fn.eager_reason = mutationReason(mutated, mutating_op,
+                                     ". Pass it through static_argnums if its address is stable");
     noteFallback(fn, fn.eager_reason);
   }
   std::unordered_set<const c10::StorageImpl*> input_storages;
@@ -461,9 +465,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
     return runEager(fn, inputs, run, fn.eager_reason);
   }
   if (mutated >= 0) {
-    fn.eager_reason = "it mutates its input tensor #" + std::to_string(mutated) + " in place" +
-                      (mutating_op.empty() ? "" : " (" + mutating_op + ")") +
-                      "; a graph would mutate a private copy instead";
+    fn.eager_reason = mutationReason(mutated, mutating_op, "");
     return runEager(fn, inputs, run, fn.eager_reason);
   }
   std::vector<c10::Storage> slot_storages;
@@ -537,10 +539,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
       [&] { return "a replay of '" + fn.name + "' wrote to its memory"; });
   bookkeeping_.markStale();
   backend_->copyInputs(node.placeholders_, sources);
-  {
-    AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
-    node.graph_->replay(run, inputs, copied, node.placeholders_);
-  }
+  node.graph_->replay(run, inputs, copied, node.placeholders_);
   std::vector<c10::Storage> storages;
   storages.reserve(node.slots_.size());
   for (const auto& s : node.slots_) {

@@ -20,13 +20,11 @@ uint64_t TreeNode::hashKey(int64_t function_id, const std::vector<uintptr_t>& pt
   return h;
 }
 
-namespace {
-c10::Storage viewOf(uintptr_t ptr, size_t nbytes, c10::Device device) {
+c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device) {
   return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
                       c10::DataPtr(reinterpret_cast<void*>(ptr), device),
                       /*allocator=*/nullptr, /*resizable=*/false);
 }
-}  // namespace
 
 std::unique_ptr<TreeNode> TreeNode::fromRecording(
     int64_t id, TreeNode* parent, Recording&& rec, const std::function<int64_t()>& new_slot,
@@ -97,9 +95,10 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   // recording is done (unless an output keeps them), and a replay copies into the same address.
   for (int64_t i : rec.copied) {
     const auto& ph = rec.inputs[i];
-    node->placeholders_.push_back(makeTensor(
-        viewOf(reinterpret_cast<uintptr_t>(ph.storage().data()), ph.storage().nbytes(), device),
-        metaOf(ph)));
+    node->placeholders_.push_back(
+        makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(ph.storage().data()),
+                                    ph.storage().nbytes(), device),
+                   metaOf(ph)));
   }
   node->graph_ = std::move(rec.graph);
   rec.outputs.clear();

@@ -171,6 +171,9 @@ class TreeNode {
   std::vector<std::unique_ptr<TreeNode>> owned_;
 };
 
+// A storage of `nbytes` at `ptr` that owns nothing.
+c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device);
+
 // Builds a tensor over `storage` with the given metadata (no allocation, no dispatch).
 at::Tensor makeTensor(c10::Storage storage, const TensorMeta& meta);
 TensorMeta metaOf(const at::Tensor& t);
