@@ -48,13 +48,11 @@ def sample(enc, trunk, guided, plain, ids, null_ids, noise, steps=10, scale=3.0)
     return x
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
+def eager_parts(device):
+    """The encoder and the three step functions, eager: (encoder, trunk, guided, plain)."""
     torch.manual_seed(0)
-    encoder = Encoder().to(args.device).eval()
-    denoiser = Denoiser().to(args.device).eval()
+    encoder = Encoder().to(device).eval()
+    denoiser = Denoiser().to(device).eval()
 
     def trunk_fn(x):
         return x * 0.9
@@ -66,15 +64,22 @@ def main():
     def plain_fn(h, cond):
         return denoiser(h, cond)
 
-    enc, trunk, guided, plain = (graphtrees.cudagraphify(f, on_overwrite="copy")
-                                 for f in (encoder, trunk_fn, guided_fn, plain_fn))
+    return encoder, trunk_fn, guided_fn, plain_fn
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    parts = eager_parts(args.device)
+    enc, trunk, guided, plain = (graphtrees.cudagraphify(f, on_overwrite="copy") for f in parts)
     ids = torch.randint(1, 64, (4, 9), device=args.device)
     null_ids = torch.zeros_like(ids)
     with torch.no_grad():
         for _ in range(3):
             noise = torch.randn(4, 32, device=args.device)
             out = sample(enc, trunk, guided, plain, ids, null_ids, noise)
-            ref = sample(encoder, trunk_fn, guided_fn, plain_fn, ids, null_ids, noise)
+            ref = sample(*parts, ids, null_ids, noise)
             torch.testing.assert_close(out, ref)
     info = graphtrees.tree_info(args.device)
     print(f"samples equal to eager; backend {info['backend']}, {info['num_replays']} replays, "
