@@ -148,6 +148,20 @@ class Backend {
   // Start addresses of all allocated blocks (for diagnostics).
   virtual std::vector<void*> allocatedBlocks() = 0;
   virtual PoolStats stats() = 0;
+
+  // Note [Memory budget]
+  // graphtrees.set_memory_budget(device, n) caps the bytes of segments the pool may hold: an
+  // allocation in the pool that needs a segment beyond the cap fails with c10::OutOfMemoryError,
+  // like a device that is out of memory (-1 removes the cap; segments held already stay). The
+  // tree then runs the call eagerly, evicts recordings not on the current path and returns the
+  // segments that no remaining checkpoint needs (releaseFreeSegments()).
+  virtual void setReservedLimit(int64_t bytes) = 0;
+  // Size of the last segment the cap refused; 0 when the backend cannot tell.
+  virtual int64_t refusedBytes() const = 0;
+  // Returns to the device the pool's entirely free segments that none of `keep` contains (a
+  // restore needs every segment of its checkpoint), and the bytes freed. A backend that cannot
+  // release segments selectively releases none while any free segment is in `keep`.
+  virtual int64_t releaseFreeSegments(const std::vector<const Checkpoint*>& keep) = 0;
 };
 
 // Routes this thread's allocations into the pool. end() ends the routing on the success path and

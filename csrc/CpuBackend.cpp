@@ -277,6 +277,9 @@ class RouterAllocator final : public c10::Allocator {
     RouteState* st = tls_route;
     if (C10_LIKELY(st == nullptr) || nbytes == 0) return g_fallback->allocate(nbytes);
     if (st->mode == RouteMode::kReplay) return replayAllocate(st, nbytes);
+    TORCH_CHECK_WITH(OutOfMemoryError, !consumeInjectedFailure(FailurePoint::kPoolAlloc),
+                     "graphtrees: injected out-of-memory error allocating ", nbytes,
+                     " bytes in the CPU pool");
     void* ptr = st->pool->malloc(nbytes);
     if (st->mode == RouteMode::kCapture) {
       st->recording->push_back({reinterpret_cast<uintptr_t>(ptr), nbytes});
@@ -561,6 +564,18 @@ std::vector<void*> CpuBackend::allocatedBlocks() {
 
 PoolStats CpuBackend::stats() {
   return pool_ != nullptr ? pool_->stats() : PoolStats{};
+}
+
+void CpuBackend::setReservedLimit(int64_t bytes) {
+  if (pool_ != nullptr) pool_->setLimit(bytes);
+}
+
+int64_t CpuBackend::refusedBytes() const {
+  return pool_ != nullptr ? pool_->refusedBytes() : 0;
+}
+
+int64_t CpuBackend::releaseFreeSegments(const std::vector<const Checkpoint*>& keep) {
+  return pool_ != nullptr ? pool_->releaseFreeSegments(keep) : 0;
 }
 
 }  // namespace graphtrees

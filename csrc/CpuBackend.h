@@ -46,6 +46,9 @@ class CpuBackend final : public Backend {
   bool checkLiveAllocations(const std::unordered_set<void*>& expected) override;
   std::vector<void*> allocatedBlocks() override;
   PoolStats stats() override;
+  void setReservedLimit(int64_t bytes) override;
+  int64_t refusedBytes() const override;
+  int64_t releaseFreeSegments(const std::vector<const Checkpoint*>& keep) override;
 
  private:
   CpuPool* pool_;          // owned; released by releasePool() or the destructor

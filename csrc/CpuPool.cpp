@@ -74,14 +74,20 @@ size_t CpuPool::roundSize(size_t nbytes) {
   return ((nbytes + kMinBlockSize - 1) / kMinBlockSize) * kMinBlockSize;
 }
 
+size_t CpuPool::segmentSize(size_t rounded, bool small) {
+  if (small) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return ((rounded + kRoundLarge - 1) / kRoundLarge) * kRoundLarge;
+}
+
 CpuPool::Segment* CpuPool::newSegment(size_t rounded, bool small) {
-  size_t seg_size;
-  if (small) {
-    seg_size = kSmallBuffer;
-  } else if (rounded < kMinLargeAlloc) {
-    seg_size = kLargeBuffer;
-  } else {
-    seg_size = ((rounded + kRoundLarge - 1) / kRoundLarge) * kRoundLarge;
+  const size_t seg_size = segmentSize(rounded, small);
+  if (limit_ >= 0 && reserved_bytes_ + static_cast<int64_t>(seg_size) > limit_) {
+    refused_bytes_ = static_cast<int64_t>(seg_size);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "graphtrees: CPU pool ", id_, " holds ",
+                     reserved_bytes_, " bytes and may hold at most ", limit_,
+                     " (graphtrees.set_memory_budget); a new segment of ", seg_size,
+                     " bytes would exceed that");
   }
   void* mem = c10::alloc_cpu(seg_size);
   auto seg = std::make_unique<Segment>();
@@ -337,6 +343,42 @@ std::vector<int64_t> CpuPool::globalStats() {
   return out;
 }
 
+void CpuPool::setLimit(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(poolMutex());
+  limit_ = bytes;
+}
+
+int64_t CpuPool::releaseFreeSegments(const std::vector<const Checkpoint*>& keep) {
+  std::set<uintptr_t> kept;
+  for (const Checkpoint* c : keep) {
+    const auto* state = dynamic_cast<const State*>(c);
+    TORCH_INTERNAL_ASSERT(state && state->pool_id == id_, "checkpoint of another pool");
+    for (const auto& seg : state->segments) kept.insert(seg.base);
+  }
+  std::lock_guard<std::mutex> lock(poolMutex());
+  int64_t freed = 0;
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    if (entirelyFree(*it->second) && !kept.count(it->first)) {
+      freed += static_cast<int64_t>(it->second->size);
+      it = releaseSegmentLocked(it);
+    } else {
+      ++it;
+    }
+  }
+  return freed;
+}
+
+std::map<uintptr_t, std::unique_ptr<CpuPool::Segment>>::iterator CpuPool::releaseSegmentLocked(
+    std::map<uintptr_t, std::unique_ptr<Segment>>::iterator it) {
+  Segment* seg = it->second.get();
+  freeSet(seg->small).erase(seg->head);
+  delete seg->head;
+  num_blocks_ -= 1;
+  reserved_bytes_ -= static_cast<int64_t>(seg->size);
+  c10::free_cpu(reinterpret_cast<void*>(seg->base));
+  return segments_.erase(it);
+}
+
 void CpuPool::release() {
   std::lock_guard<std::mutex> lock(poolMutex());
   released_ = true;
@@ -355,17 +397,7 @@ void CpuPool::maybeDestroyLocked() {
   if (!released_) return;
   // Return fully free segments to the system right away.
   for (auto it = segments_.begin(); it != segments_.end();) {
-    Segment* seg = it->second.get();
-    if (seg->head && !seg->head->next && !seg->head->allocated) {
-      freeSet(seg->small).erase(seg->head);
-      delete seg->head;
-      num_blocks_ -= 1;
-      reserved_bytes_ -= static_cast<int64_t>(seg->size);
-      c10::free_cpu(reinterpret_cast<void*>(seg->base));
-      it = segments_.erase(it);
-    } else {
-      ++it;
-    }
+    it = entirelyFree(*it->second) ? releaseSegmentLocked(it) : std::next(it);
   }
   if (allocated_.empty()) delete this;
 }

@@ -33,8 +33,16 @@ class CpuPool {
   // block was freed, whichever comes last.
   static CpuPool* create();
 
-  // Allocates `nbytes` (0 is not allowed) and returns the block's address.
+  // Allocates `nbytes` (0 is not allowed) and returns the block's address. Throws
+  // c10::OutOfMemoryError when that needs a segment the limit does not allow.
   void* malloc(size_t nbytes);
+  // Caps the bytes of segments the pool may hold (-1: no cap). Segments it holds already stay.
+  void setLimit(int64_t bytes);
+  // Size of the last segment the limit refused.
+  int64_t refusedBytes() const { return refused_bytes_; }
+  // Returns to the system every entirely free segment that none of `keep` (checkpoints of this
+  // pool) contains: a restore needs every segment of its checkpoint. Returns the bytes freed.
+  int64_t releaseFreeSegments(const std::vector<const Checkpoint*>& keep);
   // Frees an allocated block of this pool.
   void free(void* ptr);
   // Owning DataPtr for an allocated block: its deleter frees the block.
@@ -94,6 +102,13 @@ class CpuPool {
   ~CpuPool();
 
   static size_t roundSize(size_t nbytes);
+  static size_t segmentSize(size_t rounded, bool small);
+  // Frees the segment at `it` (entirely free) and returns the next one.
+  std::map<uintptr_t, std::unique_ptr<Segment>>::iterator releaseSegmentLocked(
+      std::map<uintptr_t, std::unique_ptr<Segment>>::iterator it);
+  static bool entirelyFree(const Segment& seg) {
+    return seg.head && !seg.head->next && !seg.head->allocated;
+  }
   std::set<Block*, BlockLess>& freeSet(bool small) { return small ? small_free_ : large_free_; }
   Segment* newSegment(size_t rounded, bool small);
   void freeLocked(Block* block);
@@ -109,6 +124,8 @@ class CpuPool {
   int64_t allocated_bytes_ = 0;
   int64_t reserved_bytes_ = 0;
   int64_t num_blocks_ = 0;
+  int64_t limit_ = -1;
+  int64_t refused_bytes_ = 0;
 };
 
 }  // namespace graphtrees

@@ -22,6 +22,13 @@ namespace {
 std::atomic<int64_t> next_function_id{1};
 constexpr size_t kSignatureWarnLimit = 8;
 
+// torch.OutOfMemoryError (what c10::OutOfMemoryError becomes in Python).
+py::handle outOfMemoryErrorType() {
+  static PyObject* type =
+      py::object(py::module_::import("torch").attr("OutOfMemoryError")).release().ptr();
+  return type;
+}
+
 // Drops the locals of the frames an exception passed through, so that tensors allocated in the
 // pool by the failed call are freed now rather than when the traceback dies.
 void clearTracebackFrames(const py::error_already_set& e) {
@@ -123,7 +130,8 @@ GraphedCallable::GraphedCallable(py::object fn, const GraphOptions& options, py:
       bucket_dim_(options.bucket_dim),
       mode_(mode),
       eager_reason_(std::move(eager_reason)),
-      max_signatures_(options.max_signatures) {
+      max_signatures_(options.max_signatures),
+      callable_id_(next_function_id++) {
   TORCH_CHECK_TYPE(PyCallable_Check(fn_.ptr()), "graphtrees.cudagraphify expects a callable, got ",
                    py::str(py::type::of(fn_).attr("__name__")).cast<std::string>());
   for (int64_t i : options.static_argnums) {
@@ -132,7 +140,7 @@ GraphedCallable::GraphedCallable(py::object fn, const GraphOptions& options, py:
   }
   unsupported_.id = next_function_id++;
   unsupported_.name = name_;
-  unsupported_.callable = callable_state_;
+  unsupported_.callable_id = callable_id_;
 }
 
 void GraphedCallable::refreshModuleTensors() {
@@ -146,44 +154,61 @@ void GraphedCallable::refreshModuleTensors() {
   module_epoch_ = e;
 }
 
-void GraphedCallable::evictLeastRecentlyUsed() {
+// Note [Eviction without thrashing]
+// With max_recorded_shapes, a new signature normally evicts the least recently used one. When
+// more signatures cycle than fit, that throws every recording away before it replays (a warmup
+// and a recording per call, nothing replayed). So once max_recorded_shapes evictions in a row
+// threw away recordings that never replayed, the callable is thrashing: the recorded signatures
+// are kept and a new one runs eagerly (logged once, with the advice to use buckets) -- unless
+// the least recently used one has gone unused for kIdleFactor * max_recorded_shapes calls, which
+// is how a workload that moved on to other shapes gets them recorded. An eviction of a recording
+// that did replay ends the streak. Backward graphs keep plain LRU: their signatures follow their
+// forwards', and a forward that runs eagerly must not leave its graphed backward waiting.
+bool GraphedCallable::evictLeastRecentlyUsed() {
+  constexpr uint64_t kIdleFactor = 4;
   std::vector<std::pair<uint64_t, std::string>> order;
   for (const auto& kv : signatures_) order.emplace_back(kv.second->last_used, kv.first);
   std::sort(order.begin(), order.end());
+  const bool thrashing = mode_ != FunctionMode::kBackward && wasted_evictions_ >= max_signatures_;
+  if (thrashing && !order.empty() &&
+      use_counter_ - order.front().first < kIdleFactor * static_cast<uint64_t>(max_signatures_)) {
+    return false;
+  }
   for (const auto& candidate : order) {
     Signature& victim = *signatures_.at(candidate.second);
-    bool evicted = true;
-    if (auto tree = TreeRegistry::acquire(victim.device, /*create=*/false)) {
-      evicted = tree->evictFunction(
-          victim.record.id, "'" + victim.record.name + "' is the least recently used of " +
-                                std::to_string(signatures_.size()) + " recorded signatures of '" +
-                                name_ +
-                                "' (max_recorded_shapes=" + std::to_string(max_signatures_) + ")");
-    }
+    const bool evicted = TreeRegistry::evictFunction(
+        victim.device, victim.record.id,
+        "'" + victim.record.name + "' is the least recently used of " +
+            std::to_string(signatures_.size()) + " recorded signatures of '" + name_ +
+            "' (max_recorded_shapes=" + std::to_string(max_signatures_) + ")");
     if (evicted) {
+      wasted_evictions_ = victim.record.replays == 0 ? wasted_evictions_ + 1 : 0;
       signatures_.erase(candidate.second);
-      return;
+      return true;
     }
   }
+  return true;  // every one is on the current path: the bound is exceeded for now
 }
 
 std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const FlatArgs& flat,
                                                                           c10::Device device) {
+  ++use_counter_;
   auto it = signatures_.find(flat.key);
   if (it != signatures_.end()) {
-    it->second->last_used = ++use_counter_;
+    it->second->last_used = use_counter_;
     return it->second;
   }
-  if (max_signatures_ > 0 && signatures_.size() >= static_cast<size_t>(max_signatures_)) {
-    evictLeastRecentlyUsed();
+  if (max_signatures_ > 0 && signatures_.size() >= static_cast<size_t>(max_signatures_) &&
+      !evictLeastRecentlyUsed()) {
+    return nullptr;
   }
   auto sig = std::make_shared<Signature>();
   sig->device = device;
-  sig->last_used = ++use_counter_;
+  sig->last_used = use_counter_;
   FunctionRecord& r = sig->record;
   r.id = next_function_id++;
   r.mode = mode_;
-  r.callable = callable_state_;
+  r.callable_id = callable_id_;
   r.eager_reason = eager_reason_;
   r.name = signatures_created_ == 0 ? name_ : name_ + "#" + std::to_string(signatures_created_);
   signatures_created_++;
@@ -192,10 +217,11 @@ std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const 
   r.rerecord_limit = rerecord_limit_;
   r.chain_limit = chain_limit_;
   r.copy_on_overwrite = copy_on_overwrite_;
-  if (max_signatures_ == 0 && signatures_.size() == kSignatureWarnLimit) {
+  // Buckets are meant to be many signatures: the warning counts past them.
+  const size_t warn_at = kSignatureWarnLimit + buckets_.size();
+  if (max_signatures_ == 0 && signatures_.size() == warn_at) {
     logMessage(LogLevel::kWarning,
-               "'" + name_ + "' has been called with more than " +
-                   std::to_string(kSignatureWarnLimit) +
+               "'" + name_ + "' has been called with more than " + std::to_string(warn_at) +
                    " distinct signatures (shapes, dtypes or non-tensor argument values); each one "
                    "is warmed up and recorded separately and keeps its own pool memory");
   }
@@ -315,10 +341,22 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     }
   }
   std::string why_not;
-  std::shared_ptr<TreeManager> found = TreeRegistry::find(device, &why_not);
+  // A backward belongs with its forward, whichever thread autograd runs it on.
+  std::shared_ptr<TreeManager> found = TreeRegistry::find(
+      device, &why_not, mode_ == FunctionMode::kBackward ? &flat.tensors : nullptr);
   if (found == nullptr) return fallback(args, kwargs, flat, why_not);
 
   const std::shared_ptr<Signature> sig_holder = signatureFor(flat, device);
+  if (!sig_holder) {
+    return fallback(args, kwargs, flat,
+                    "more call signatures (shapes, dtypes, argument values) keep coming than "
+                    "max_recorded_shapes=" +
+                        std::to_string(max_signatures_) +
+                        " recordings are kept for, and every eviction threw away a recording "
+                        "that never replayed; the recorded signatures are kept and new ones run "
+                        "eagerly. Pass buckets=[...] to graphtrees.cudagraphify to pad batch "
+                        "sizes up to a few recorded sizes, or raise max_recorded_shapes");
+  }
   Signature& sig = *sig_holder;
   py::object result;
   const std::string& fname = sig.record.name;
@@ -331,6 +369,12 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
       // A backend may handle this error (a rejected capture): free the pool tensors that the
       // failed run's frames hold before it does anything else.
       clearTracebackFrames(e);
+      // Out of memory comes back as the C++ error it started as, which the tree handles (Note
+      // [Out of memory] in TreeManager.cpp).
+      if (e.matches(outOfMemoryErrorType())) {
+        const std::string what = py::str(e.value()).cast<std::string>();
+        TORCH_CHECK_WITH(OutOfMemoryError, false, what);
+      }
       throw;
     }
     std::vector<at::Tensor> outs;

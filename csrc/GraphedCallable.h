@@ -73,8 +73,11 @@ class GraphedCallable {
   py::object fallback(const py::args& args, const py::kwargs& kwargs, const FlatArgs& flat,
                       const std::string& reason);
   // Shared, so that a call in flight keeps its signature even if another thread evicts it.
+  // nullptr when the signature is new and Note [Eviction without thrashing] keeps the recorded
+  // ones instead.
   std::shared_ptr<Signature> signatureFor(const FlatArgs& flat, c10::Device device);
-  void evictLeastRecentlyUsed();
+  // False when the least recently used signature is too hot to evict (thrashing).
+  bool evictLeastRecentlyUsed();
   void refreshModuleTensors();
 
   py::object fn_;
@@ -90,8 +93,10 @@ class GraphedCallable {
   FunctionMode mode_;
   std::string eager_reason_;
   int max_signatures_;
-  uint64_t use_counter_ = 0;
-  std::shared_ptr<CallableState> callable_state_ = std::make_shared<CallableState>();
+  uint64_t use_counter_ = 0;  // calls (one tick each)
+  // Evictions in a row that threw away a recording that never replayed.
+  int wasted_evictions_ = 0;
+  int64_t callable_id_;
   int64_t signatures_created_ = 0;
   std::unordered_map<std::string, std::shared_ptr<Signature>> signatures_;
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists

@@ -12,9 +12,19 @@ namespace graphtrees {
 
 namespace {
 
-std::array<std::atomic<int>, static_cast<size_t>(FailurePoint::kCount)> g_injected{};
-std::atomic<int64_t> g_step{0};
-std::atomic<uint64_t> g_epoch{1};
+// Armed failures and the passing arrivals before them, per point. Guarded by injectionMutex();
+// `g_armed` lets the unarmed case (every call of a program that is not a test) skip the lock.
+struct Injection {
+  int failures = 0;
+  int skip = 0;
+};
+std::array<Injection, static_cast<size_t>(FailurePoint::kCount)> g_injected{};
+std::atomic<bool> g_armed{false};
+std::mutex& injectionMutex() {
+  static std::mutex m;
+  return m;
+}
+std::atomic<int64_t> g_next_thread_id{1};
 thread_local int tls_call_depth = 0;
 thread_local int tls_recording_depth = 0;
 std::atomic<bool> g_debug_checks{false};
@@ -33,27 +43,52 @@ BlockingWaitHook& waitHook() {
 }
 
 std::mutex& hookMutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex();  // never destroyed: used by exiting threads
+  return *m;
 }
 CaptureScopeHook& scopeHook() {
   static CaptureScopeHook hook;
   return hook;
 }
 
+std::function<void(int64_t)>& threadExitHook() {
+  static auto* hook = new std::function<void(int64_t)>();  // never destroyed: threads may exit
+  return *hook;                                            // during static destruction
+}
+
+// What a thread is to graphtrees; created when the thread first asks.
+struct ThreadIdentity {
+  int64_t id = g_next_thread_id++;
+  StepCounter steps = std::make_shared<std::atomic<int64_t>>(0);
+  ~ThreadIdentity() {
+    std::function<void(int64_t)> hook;
+    {
+      std::lock_guard<std::mutex> lock(hookMutex());
+      hook = threadExitHook();
+    }
+    if (hook) hook(id);
+  }
+};
+
+ThreadIdentity& thisThread() {
+  thread_local ThreadIdentity identity;
+  return identity;
+}
+
 }  // namespace
 
-int64_t currentStep() {
-  return g_step.load();
+const StepCounter& threadStepCounter() {
+  return thisThread().steps;
 }
 void markStepBegin() {
-  g_step++;
+  (*thisThread().steps)++;
 }
-uint64_t currentEpoch() {
-  return g_epoch.load();
+int64_t threadId() {
+  return thisThread().id;
 }
-void advanceEpoch() {
-  g_epoch++;
+void setThreadExitHook(std::function<void(int64_t)> hook) {
+  std::lock_guard<std::mutex> lock(hookMutex());
+  threadExitHook() = std::move(hook);
 }
 
 bool inTreeCall() {
@@ -110,27 +145,42 @@ void runBlocking(const std::function<void()>& wait) {
 FailurePoint failurePointFromName(const std::string& name) {
   static const std::array<const char*, static_cast<size_t>(FailurePoint::kCount)> names = {
       "restore",     "backend_restore", "partial_restore", "checkpoint",
-      "capture_end", "end_allocate",    "release_pool"};
+      "capture_end", "end_allocate",    "release_pool",    "pool_alloc"};
   for (size_t i = 0; i < names.size(); ++i) {
     if (name == names[i]) return static_cast<FailurePoint>(i);
   }
   TORCH_CHECK_VALUE(false, "graphtrees: unknown failure point '", name,
                     "'; expected one of restore, backend_restore, partial_restore, checkpoint, "
-                    "capture_end, end_allocate, release_pool");
+                    "capture_end, end_allocate, release_pool, pool_alloc");
 }
 
-void injectFailure(FailurePoint point, int n) {
-  TORCH_CHECK_VALUE(n >= 0, "graphtrees: the number of injected failures must be >= 0, got ", n);
-  g_injected[static_cast<size_t>(point)] = n;
+void injectFailure(FailurePoint point, int n, int skip) {
+  TORCH_CHECK_VALUE(n >= 0 && skip >= 0,
+                    "graphtrees: injected failures and skips must be >= 0, got n=", n,
+                    ", skip=", skip);
+  std::lock_guard<std::mutex> lock(injectionMutex());
+  g_injected[static_cast<size_t>(point)] = {n, skip};
+  bool armed = false;
+  for (const auto& i : g_injected) armed = armed || i.failures > 0;
+  g_armed = armed;
 }
 
 bool consumeInjectedFailure(FailurePoint point) {
-  auto& counter = g_injected[static_cast<size_t>(point)];
-  int n = counter.load();
-  while (n > 0) {
-    if (counter.compare_exchange_weak(n, n - 1)) return true;
+  if (C10_LIKELY(!g_armed.load(std::memory_order_relaxed))) return false;
+  std::lock_guard<std::mutex> lock(injectionMutex());
+  Injection& i = g_injected[static_cast<size_t>(point)];
+  if (i.failures == 0) return false;
+  if (i.skip > 0) {
+    i.skip--;
+    return false;
   }
-  return false;
+  i.failures--;
+  return true;
+}
+
+int pendingInjectedFailures(FailurePoint point) {
+  std::lock_guard<std::mutex> lock(injectionMutex());
+  return g_injected[static_cast<size_t>(point)].failures;
 }
 
 void setCaptureScopeHook(CaptureScopeHook hook) {

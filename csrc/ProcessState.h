@@ -1,36 +1,44 @@
 #pragma once
 
 // Process-wide clocks and switches, below the tree manager and the backends: the step counter, the
-// epoch, the call depth, the debug-checks switch, the hooks the Python layer installs (garbage
-// collection, blocking waits, the capture scope) and failure injection for the tests (every
-// failure path of a recording, a checkpoint, a restore and a teardown can be driven on the CPU
-// backend).
+// thread identities, the call depth, the debug-checks switch, the hooks the Python layer installs
+// (garbage collection, blocking waits, the capture scope) and failure injection for the tests
+// (every failure path of a recording, a checkpoint, a restore and a teardown can be driven on the
+// CPU backend).
 //
-// Note [Epochs, steps and generations]
-// Three counters order what happens, at three scopes:
-//   step        process-wide; mark_step_begin() (or torch.compiler.cudagraph_mark_step_begin())
-//               increments it. Each tree remembers the value it last saw: a different value at
-//               its next call ends its current path (Note [Ending a path]).
+// Note [Steps, generations and threads]
+// Two counters order what happens:
+//   step        per thread; mark_step_begin() (or torch.compiler.cudagraph_mark_step_begin())
+//               increments the calling thread's. Each tree belongs to one thread and remembers
+//               the value of its thread's counter it last saw: a different value at its next call
+//               ends its current path (Note [Ending a path]).
 //   generation  per tree: the index of its current path. Ending a path increments it. Every
 //               tracked output carries the generation it was produced in; "an output of this
 //               generation" is what makes an input managed and what keeps a path going.
-//   epoch       process-wide; incremented whenever the trees are reset or one is retired after
-//               a failed restore. A function record remembers the epoch it was last used in, and
-//               starts afresh (warmups, re-record counts) when it differs: its old tree is gone.
+// Each thread has its own tree per device (TreeRegistry), with its own pool and its own steps, so
+// a call on one thread never ends another thread's step or overwrites its outputs. A backward
+// that autograd runs on a thread of its own runs in the tree whose outputs it reads: its forward's.
 
 #include <c10/core/Storage.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace graphtrees {
 
-int64_t currentStep();
+// The calling thread's step counter; markStepBegin() increments it.
+using StepCounter = std::shared_ptr<std::atomic<int64_t>>;
+const StepCounter& threadStepCounter();
 void markStepBegin();
-uint64_t currentEpoch();
-void advanceEpoch();
+// A small number naming the calling thread: 1 for the first thread that asks, and so on.
+int64_t threadId();
+// Called with the threadId() of a thread that exits (if it ever asked for one). Runs on that
+// thread, after its Python state is gone: it must not touch Python.
+void setThreadExitHook(std::function<void(int64_t)> hook);
 
 // True while the calling thread is inside a tree call (a nested wrapped call runs eagerly).
 bool inTreeCall();
@@ -87,16 +95,19 @@ enum class FailurePoint : int {
   kCaptureEnd,      // the end of a capture: the device rejects the recording
   kEndAllocate,     // the end of pool routing (an asynchronous error surfacing at the sync)
   kReleasePool,     // releasing the pool at reset (an asynchronous error at the final sync)
+  kPoolAlloc,       // an allocation in the pool (warmup, placeholders, capture): out of memory
   kCount
 };
 
 // Parses "restore", "backend_restore", "partial_restore", "checkpoint", "capture_end",
-// "end_allocate" or "release_pool"; throws ValueError for anything else.
+// "end_allocate", "release_pool" or "pool_alloc"; throws ValueError for anything else.
 FailurePoint failurePointFromName(const std::string& name);
-// The next `n` arrivals at `point` fail (n = 0 disarms it).
-void injectFailure(FailurePoint point, int n);
-// True (and counts one down) if a failure is armed at `point`.
+// After `skip` arrivals at `point` that pass, the next `n` fail (n = 0 disarms it).
+void injectFailure(FailurePoint point, int n, int skip = 0);
+// True (and counts one down) if a failure is armed at `point` and its skips are used up.
 bool consumeInjectedFailure(FailurePoint point);
+// Failures still armed at `point` (a test learns whether its injection was reached).
+int pendingInjectedFailures(FailurePoint point);
 
 // Called around every capture (CUDA and CPU) with the GIL held; the returned function ends the
 // scope. Installed by the bindings; empty means no scope.

@@ -21,17 +21,8 @@ namespace {
 constexpr int kMaxPendingRuns = 64;
 
 const char* kindName(RunKind k) {
-  switch (k) {
-    case RunKind::kEager:
-      return "eager";
-    case RunKind::kWarmup:
-      return "warmup";
-    case RunKind::kRecord:
-      return "record";
-    case RunKind::kReplay:
-      return "replay";
-  }
-  return "?";
+  static const char* const kNames[] = {"eager", "warmup", "record", "replay"};
+  return kNames[static_cast<int>(k)];
 }
 
 // Gradients (outputs of backward functions) are always copied out rather than invalidated: they
@@ -52,12 +43,19 @@ std::string whereOf(const TreeNode* node) {
 
 }  // namespace
 
-TreeManager::TreeManager(std::unique_ptr<Backend> backend)
+namespace {
+std::atomic<int64_t> next_tree_serial{1};
+}  // namespace
+
+TreeManager::TreeManager(std::unique_ptr<Backend> backend, int64_t owner, StepCounter steps)
     : backend_(std::move(backend)),
+      serial_(next_tree_serial++),
+      owner_(owner),
+      steps_(std::move(steps)),
       live_(*backend_),
       bookkeeping_(*backend_, live_),
       root_(-1, nullptr),
-      seen_step_(currentStep()) {}
+      seen_step_(steps_->load()) {}
 
 TreeManager::~TreeManager() {
   try {
@@ -81,17 +79,31 @@ void TreeManager::close() {
   backend_->releasePool();  // may throw, after the pool is released
 }
 
-void TreeManager::resetFunctionIfStale(FunctionRecord& fn) {
-  const uint64_t e = currentEpoch();
-  if (fn.epoch == e) return;
-  fn.epoch = e;
-  fn.warmups = 0;
-  fn.rerecords = 0;
-  if (fn.callable->epoch != e) *fn.callable = CallableState{e, -1, 0};
+FunctionState& TreeManager::stateOf(FunctionRecord& fn) {
+  if (C10_UNLIKELY(fn.state_tree != serial_)) {
+    // Pointers into the maps stay valid: their entries are never erased.
+    fn.state = &functions_[fn.id];
+    fn.callable_state = &callables_[fn.callable_id];
+    fn.state_tree = serial_;
+    fn.warmups = fn.state->warmups;
+    fn.rerecords = fn.state->rerecords;
+  }
+  return *fn.state;
+}
+
+bool TreeManager::producedAny(const std::vector<at::Tensor>& tensors) {
+  return std::any_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
+    return t.defined() && t.has_storage() && live_.contains(t.storage().unsafeGetStorageImpl());
+  });
+}
+
+int64_t TreeManager::liveOutputs() {
+  live_.pruneGone();
+  return static_cast<int64_t>(live_.size());
 }
 
 void TreeManager::noteGenerationRun(FunctionRecord& fn) {
-  CallableState& c = *fn.callable;
+  CallableState& c = *fn.callable_state;
   if (c.last_generation != generation_) {
     c.last_generation = generation_;
     c.runs_in_generation = 0;
@@ -226,10 +238,10 @@ void TreeManager::debugCheck(const FunctionRecord& fn, RunKind kind) {
 CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                                  const RunFn& run) {
   TORCH_INTERNAL_ASSERT(fn.is_static.size() == inputs.size());
-  resetFunctionIfStale(fn);
+  FunctionState& st = stateOf(fn);
   if (!fn.eager_reason.empty()) return runEager(fn, inputs, run, fn.eager_reason);
 
-  const int64_t step = currentStep();
+  const int64_t step = steps_->load();
   if (step != seen_step_) {
     seen_step_ = step;
     endPath("graphtrees.mark_step_begin() was called", inputs);
@@ -239,7 +251,7 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     endPath("every output of the current path is dead", inputs);
   }
   CallKey key = keyOf(fn, inputs);
-  const CallableState& callable = *fn.callable;
+  const CallableState& callable = *fn.callable_state;
   if (callable.last_generation == generation_) {
     const bool fresh = !key.consumes_generation_output;
     bool new_step = false;
@@ -279,7 +291,10 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
       key = keyOf(fn, inputs);
     }
   }
-  if (state_ == PathState::kWarmup || fn.warmups < fn.warmup_iters) {
+  // A function that ran out of memory tries again once an eviction may have made room.
+  const bool out_of_memory = st.oom_at_evictions >= 0 && st.oom_at_evictions == num_evictions_;
+  if (state_ == PathState::kWarmup || st.warmups < fn.warmup_iters) {
+    if (out_of_memory) return runEager(fn, inputs, run, st.oom_reason);
     return warmup(fn, inputs, run);
   }
   std::string mismatch;
@@ -292,25 +307,26 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     node = findChild(fn, key, &mismatch);
   }
   if (node != nullptr) return replay(*node, fn, inputs, run);
+  if (out_of_memory) return runEager(fn, inputs, run, st.oom_reason);
 
   TreeNode* parent = current_ != nullptr ? current_ : &root_;
   const bool rerecord = parent->countChildrenOf(fn.id) > 0;
   if (rerecord) {
     if (mismatch.empty()) mismatch = "no recording matches the inputs";
-    if (fn.rerecords >= fn.rerecord_limit) {
-      fn.eager_reason = "it was re-recorded " + std::to_string(fn.rerecords) +
+    if (st.rerecords >= fn.rerecord_limit) {
+      fn.eager_reason = "it was re-recorded " + std::to_string(st.rerecords) +
                         " times (rerecord_limit=" + std::to_string(fn.rerecord_limit) +
                         "), last because " + mismatch;
       return runEager(fn, inputs, run, fn.eager_reason);
     }
     logMessage(LogLevel::kInfo, "re-recording '" + fn.name + "' under " + whereOf(current_) +
                                     " because " + mismatch + " (re-record " +
-                                    std::to_string(fn.rerecords + 1) + " of at most " +
+                                    std::to_string(st.rerecords + 1) + " of at most " +
                                     std::to_string(fn.rerecord_limit) + ")");
   }
   CallResult result = record(fn, inputs, run, key);
   if (rerecord && result.kind == RunKind::kRecord) {  // counted once it succeeded
-    fn.rerecords++;
+    fn.rerecords = ++st.rerecords;
     num_rerecords_++;
   }
   return result;
@@ -323,8 +339,84 @@ void TreeManager::removeNode(TreeNode* node, const std::string& why) {
       [&](int64_t, const LiveOutput& e, const c10::StorageImpl&) { return e.node == node; },
       [&] { return why; });
   TreeNode* parent = node->parent() != nullptr ? node->parent() : &root_;
+  const int64_t function_id = node->function_id_;
   num_nodes_--;
   parent->removeChild(node);  // destroys node
+  if (parent == &root_ && parent->countChildrenOf(function_id) == 0) {
+    root_functions_.erase(function_id);
+  }
+}
+
+// Note [Out of memory]
+// An allocation that fails while a warmup, the placeholders or a capture allocate in the pool (the
+// device is out of memory, or the pool reached its budget: Note [Memory budget] in Backend.h)
+// leaves the tree and the pool as they were: the failed run's tensors are freed as the error
+// unwinds (the backend undoes a capture), nothing was published, and the segments the failed run
+// added that no checkpoint needs go back to the device. The call then runs eagerly, with the
+// reason logged. Under a budget, recordings off the current path are evicted, least recently used
+// first, until enough segments came free. The function tries again at a later call once an
+// eviction happened (or after reset()); until then it warms up and records nothing and runs
+// eagerly, while its existing recordings still replay.
+CallResult TreeManager::outOfMemory(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                                    const RunFn& run, const char* during, const std::string& what) {
+  num_oom_++;
+  FunctionState& st = stateOf(fn);
+  st.oom_at_evictions = num_evictions_;       // an eviction from here on makes room for a retry
+  int64_t freed = releaseUnneededSegments();  // what the failed run added
+  std::string evicted;
+  if (budget_ >= 0) {
+    // The bytes the pool lacked, when the backend can tell; otherwise any bytes freed will do.
+    const int64_t refused = backend_->refusedBytes();
+    const int64_t need =
+        refused > 0 ? std::max<int64_t>(1, backend_->stats().reserved_bytes + refused - budget_)
+                    : 0;
+    // The call's own inputs stay valid: their producers are kept, with the current path.
+    std::vector<const TreeNode*> keep(path_.begin(), path_.end());
+    for (const auto& t : inputs) {
+      const LiveOutput* e = live_.find(t.storage().unsafeGetStorageImpl());
+      if (e != nullptr && e->node != nullptr) keep.push_back(e->node);
+    }
+    freed += evictForMemory(need, keep, &evicted);
+  }
+  st.oom_reason = std::string("it ran out of memory while ") + during + " (" + what + ")";
+  if (budget_ >= 0) {
+    st.oom_reason += evicted.empty() ? "; no recording off the current path (nor one whose outputs "
+                                       "this call reads) was left to evict"
+                                     : "; evicted " + evicted + " (" + bytesString(freed) +
+                                           " returned to the device), so a later call tries again";
+  }
+  return runEager(fn, inputs, run, st.oom_reason);
+}
+
+int64_t TreeManager::evictForMemory(int64_t need, const std::vector<const TreeNode*>& keep,
+                                    std::string* evicted) {
+  int64_t freed = 0;
+  while (TreeNode* victim = leastRecentlyUsedExcept(root_, keep)) {
+    const std::string what = "node " + std::to_string(victim->id()) + " ('" +
+                             victim->function_name_ + "', " + bytesString(victim->poolBytes()) +
+                             " written)";
+    removeNode(victim, "its recording was evicted to stay within the memory budget");
+    num_evictions_++;
+    const int64_t released = releaseUnneededSegments();
+    freed += released;
+    logMessage(LogLevel::kInfo, "evicted " + what + " to stay within the memory budget of " +
+                                    backend_->device().str() + " (" + bytesString(budget_) + "); " +
+                                    bytesString(released) + " returned to the device");
+    *evicted += (evicted->empty() ? "" : ", ") + what;
+    if (need > 0 ? freed >= need : freed > 0) break;
+  }
+  return freed;
+}
+
+int64_t TreeManager::releaseUnneededSegments() {
+  const int64_t freed = backend_->releaseFreeSegments(checkpointsBelow(root_));
+  bytes_released_ += freed;
+  return freed;
+}
+
+void TreeManager::setMemoryBudget(int64_t bytes) {
+  budget_ = bytes;
+  backend_->setReservedLimit(bytes);
 }
 
 bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
@@ -341,12 +433,8 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
       }
     }
   }
-  for (TreeNode* v : victims) {
-    for (TreeNode* p : path_) {
-      for (TreeNode* a = p; a != nullptr; a = a->parent()) {
-        if (a == v) return false;
-      }
-    }
+  for (TreeNode* v : victims) {  // the path holds every ancestor of its nodes
+    if (std::find(path_.begin(), path_.end(), v) != path_.end()) return false;
   }
   for (TreeNode* v : victims) {
     const std::string name = v->function_name_;
@@ -354,7 +442,6 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
     removeNode(v, "its recording was evicted: " + why);
     logMessage(LogLevel::kInfo, "evicted node " + std::to_string(id) + " ('" + name + "'): " + why);
   }
-  root_functions_.erase(function_id);
   pinned_by_warmup_function_.erase(function_id);
   num_evictions_++;
   return true;
@@ -387,13 +474,16 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   std::vector<at::Tensor> outs;
   int64_t mutated = -1;
   std::string mutating_op;
-  {
+  try {
     InputMutationCheck mutations(ins, unmanaged);
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PoolRoutingGuard routing(*backend_);
     outs = run(ins);
     routing.end();
     mutated = mutations.firstMutated(&mutating_op);
+  } catch (const c10::OutOfMemoryError& e) {
+    outs.clear();
+    return outOfMemory(fn, inputs, run, "warming it up", e.what_without_backtrace());
   }
   if (mutated >= 0) {
     fn.eager_reason = mutationReason(mutated, mutating_op,
@@ -409,7 +499,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     live_.track(t.storage(), live_.newSlot(), nullptr, fn.name, copyOnOverwrite(fn), generation_);
   }
   bookkeeping_.moveKeptStateOutOfPool(fn.name);  // Note [Kept state]
-  fn.warmups++;
+  fn.warmups = ++stateOf(fn).warmups;
   num_warmups_++;
   state_ = PathState::kWarmup;
   noteGenerationRun(fn);
@@ -433,7 +523,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   rec.graph_device = backend_->device();
   rec.inputs = ins;
   rec.dense.assign(ins.size(), 1);
-  {
+  try {
     // Placeholders for copied inputs, allocated in the pool (outside the capture).
     PoolRoutingGuard routing(*backend_);
     for (size_t i = 0; i < ins.size(); ++i) {
@@ -450,6 +540,10 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
       rec.copied.push_back(static_cast<int64_t>(i));
     }
     routing.end();
+  } catch (const c10::OutOfMemoryError& e) {
+    rec = Recording();
+    return outOfMemory(fn, inputs, run, "copying its inputs for a recording",
+                       e.what_without_backtrace());
   }
   int64_t mutated = -1;
   std::string mutating_op;
@@ -463,6 +557,9 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
     // The backend undid the capture; the tree is as it was. See Note [Rejected captures].
     fn.eager_reason = std::string("it cannot be recorded as a graph: ") + e.what();
     return runEager(fn, inputs, run, fn.eager_reason);
+  } catch (const c10::OutOfMemoryError& e) {
+    rec = Recording();
+    return outOfMemory(fn, inputs, run, "recording it", e.what_without_backtrace());
   }
   if (mutated >= 0) {
     fn.eager_reason = mutationReason(mutated, mutating_op, "");
@@ -501,6 +598,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
                 generation_);
   }
   raw->checkpoint_live_slots_ = live_.liveSlots();
+  raw->last_used_ = ++use_clock_;
   path_.push_back(raw);
   current_ = raw;
   state_ = PathState::kRecording;
@@ -550,6 +648,8 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   current_ = &node;
   state_ = PathState::kExecution;
   node.replays_++;
+  node.last_used_ = ++use_clock_;
+  fn.replays++;
   num_replays_++;
   noteGenerationRun(fn);
   // Outputs that alias an input this replay overwrote alias its clone instead.
@@ -565,6 +665,7 @@ TreeInfo TreeManager::snapshot() {
   live_.pruneGone();
   TreeInfo t;
   t.device = backend_->device().str();
+  t.thread = owner_;
   t.backend = backend_->name();
   static const char* const kStates[] = {"none", "warmup", "recording", "execution"};
   t.state = kStates[static_cast<int>(state_)];
@@ -579,6 +680,9 @@ TreeInfo TreeManager::snapshot() {
   t.num_replays = num_replays_;
   t.num_invalidations = live_.invalidations();
   t.num_evictions = num_evictions_;
+  t.num_out_of_memory = num_oom_;
+  t.bytes_released = bytes_released_;
+  t.memory_budget = budget_;
   t.num_migrations = live_.migrations();
   t.pending_backward = pending_forwards_ > 0;
   t.live_outputs = static_cast<int64_t>(live_.size());

@@ -9,6 +9,7 @@
 #include "Backend.h"
 #include "LiveOutputs.h"
 #include "PoolBookkeeping.h"
+#include "ProcessState.h"
 #include "TreeInfo.h"
 #include "TreeNode.h"
 
@@ -23,20 +24,31 @@
 
 namespace graphtrees {
 
-// Per wrapped callable (all its signatures): when it last ran, for Note [Ending a path].
+// Per wrapped callable (all its signatures), per tree: when it last ran, for Note [Ending a path].
 struct CallableState {
-  uint64_t epoch = 0;
   int64_t last_generation = -1;
   int runs_in_generation = 0;
+};
+
+// Per function, per tree.
+struct FunctionState {
+  int warmups = 0;
+  int rerecords = 0;
+  // Note [Out of memory]: num_evictions of the tree when a warmup or recording of this function
+  // ran out of memory (-1: it did not); it tries again once an eviction happened since.
+  int64_t oom_at_evictions = -1;
+  std::string oom_reason;
 };
 
 // What a function is in a training step (see Note [Pending backward]).
 enum class FunctionMode : uint8_t { kInference, kForward, kBackward };
 
 // One function of the tree: a wrapped callable with one call signature. Owned by the wrapper;
-// the tree refers to it by id only, so a wrapper may die while its recordings stay in the tree.
+// a tree refers to it by id only, so a wrapper may die while its recordings stay in the tree.
+// Several trees (one per thread) may run it; what is per tree lives in the tree.
 struct FunctionRecord {
   int64_t id = 0;
+  int64_t callable_id = 0;  // shared by every signature of one wrapped callable
   FunctionMode mode = FunctionMode::kInference;
   std::string name;
   std::vector<uint8_t> is_static;  // per flat input
@@ -50,15 +62,16 @@ struct FunctionRecord {
 
   // Why the function runs eagerly from now on; empty while it is graphed.
   std::string eager_reason;
-
-  // State that belongs to one tree; reset when the epoch changes (Note [Epochs, steps and
-  // generations]).
-  uint64_t epoch = 0;
+  int64_t replays = 0;  // over its life, in every tree: GraphedCallable's eviction policy
+  // For introspection: warmups and re-records in the tree that ran it last.
   int warmups = 0;
   int rerecords = 0;
-  // Shared by every signature of one wrapped callable (a new shape of a compiled graph is still a
-  // call of that graph); never null once the record is used.
-  std::shared_ptr<CallableState> callable = std::make_shared<CallableState>();
+
+  // The tree that ran it last (its serial) and this record's state there: a cache of the
+  // tree's own maps, so that a call costs no lookup when one thread runs the function.
+  int64_t state_tree = -1;
+  FunctionState* state = nullptr;
+  CallableState* callable_state = nullptr;
 };
 
 enum class RunKind { kEager, kWarmup, kRecord, kReplay };
@@ -70,7 +83,9 @@ struct CallResult {
 
 class TreeManager {
  public:
-  explicit TreeManager(std::unique_ptr<Backend> backend);
+  // `owner`: the threadId() of the thread the tree belongs to; `steps`: that thread's step
+  // counter (Note [Steps, generations and threads]).
+  TreeManager(std::unique_ptr<Backend> backend, int64_t owner, StepCounter steps);
   // Calls close(); errors become warnings.
   ~TreeManager();
   // Invalidates every live output, frees every node and graph and releases the pool. Errors met
@@ -100,7 +115,17 @@ class TreeManager {
   // (when no replay happened since the last restore) every live output owns its block.
   bool checkPoolInvariants(std::string* why);
   c10::Device device() const { return backend_->device(); }
+  int64_t owner() const { return owner_; }
+  const StepCounter& steps() const { return steps_; }
+  // Whether any of `tensors` is a live output of this tree.
+  bool producedAny(const std::vector<at::Tensor>& tensors);
+  // Live outputs, after dropping the dead ones.
+  int64_t liveOutputs();
   std::string backendName() const { return backend_->name(); }
+  // Note [Memory budget] in Backend.h; -1: none.
+  void setMemoryBudget(int64_t bytes);
+  int64_t memoryBudget() const { return budget_; }
+
   // Pool bytes a restore that failed half-way left unreachable (Note [Failed restores]).
   int64_t leakedBytes() const { return bookkeeping_.leakedBytes(); }
   std::recursive_mutex& mutex() { return mutex_; }
@@ -119,7 +144,8 @@ class TreeManager {
 
   CallResult callImpl(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run);
   CallKey keyOf(const FunctionRecord& fn, const std::vector<at::Tensor>& inputs) const;
-  void resetFunctionIfStale(FunctionRecord& fn);
+  // This tree's state of `fn` (cached in the record).
+  FunctionState& stateOf(FunctionRecord& fn);
   void endPath(const std::string& why, const std::vector<at::Tensor>& spare);
   bool mustStayDeadHolds(const TreeNode& node) const;
 
@@ -134,8 +160,23 @@ class TreeManager {
   void noteGenerationRun(FunctionRecord& fn);
   void finishRun(FunctionRecord& fn, const CallResult& result);
   void removeNode(TreeNode* node, const std::string& why);
+  // Note [Out of memory].
+  CallResult outOfMemory(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                         const RunFn& run, const char* during, const std::string& what);
+  // Evicts recordings other than `keep` and their ancestors, least recently used first, until
+  // releasing segments freed `need` bytes (any bytes when `need` is 0) or none is left; returns
+  // the bytes freed.
+  int64_t evictForMemory(int64_t need, const std::vector<const TreeNode*>& keep,
+                         std::string* evicted);
+  // Returns the pool's free segments that no node's checkpoint needs; the bytes freed.
+  int64_t releaseUnneededSegments();
 
   std::unique_ptr<Backend> backend_;
+  const int64_t serial_;  // unique over the process's life (FunctionRecord::state_tree)
+  const int64_t owner_;
+  const StepCounter steps_;
+  std::unordered_map<int64_t, FunctionState> functions_;  // by function id; never erased
+  std::unordered_map<int64_t, CallableState> callables_;  // by callable id; never erased
   std::recursive_mutex mutex_;
   LiveOutputs live_;
   PoolBookkeeping bookkeeping_;  // Note [Checkpointing]
@@ -147,6 +188,8 @@ class TreeManager {
   int64_t generation_ = 0;
   int64_t seen_step_ = 0;
   int64_t next_node_id_ = 0;
+  uint64_t use_clock_ = 0;  // ticks at every recording and replay (TreeNode::last_used_)
+  int64_t budget_ = -1;
   std::unordered_set<int64_t> root_functions_;
   std::unordered_set<std::string> logged_;
   // A forward ran and its backward has not run yet: no new generation starts on its own.
@@ -163,6 +206,8 @@ class TreeManager {
   int64_t num_recordings_ = 0;
   int64_t num_replays_ = 0;
   int64_t num_evictions_ = 0;
+  int64_t num_oom_ = 0;         // warmups and recordings that ran out of memory
+  int64_t bytes_released_ = 0;  // segments returned to the device after evictions and OOMs
   int64_t num_nodes_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace graphtrees {
 
@@ -236,6 +237,43 @@ std::vector<at::Tensor> TreeNode::buildOutputs(const std::vector<c10::Storage>& 
         out.push_back(makeTensor(constants_[o.index], o.meta));
         break;
     }
+  }
+  return out;
+}
+
+TreeNode* leastRecentlyUsedExcept(TreeNode& root, const std::vector<const TreeNode*>& keep) {
+  std::unordered_set<const TreeNode*> kept;
+  for (const TreeNode* k : keep) {
+    for (const TreeNode* a = k; a != nullptr && kept.insert(a).second; a = a->parent()) {
+    }
+  }
+  TreeNode* best = nullptr;
+  uint64_t best_used = 0;
+  int best_depth = -1;
+  // Post-order: a subtree's most recent use is the largest of its nodes'.
+  std::function<uint64_t(TreeNode*, int)> visit = [&](TreeNode* n, int depth) -> uint64_t {
+    uint64_t used = n->last_used_;
+    for (const auto& c : n->ownedChildren()) used = std::max(used, visit(c.get(), depth + 1));
+    if (n != &root && !kept.count(n) &&
+        (best == nullptr || used < best_used || (used == best_used && depth > best_depth))) {
+      best = n;
+      best_used = used;
+      best_depth = depth;
+    }
+    return used;
+  };
+  visit(&root, 0);
+  return best;
+}
+
+std::vector<const Checkpoint*> checkpointsBelow(const TreeNode& root) {
+  std::vector<const Checkpoint*> out;
+  std::vector<const TreeNode*> stack{&root};
+  while (!stack.empty()) {
+    const TreeNode* n = stack.back();
+    stack.pop_back();
+    if (n->checkpoint_) out.push_back(n->checkpoint_.get());
+    for (const auto& c : n->ownedChildren()) stack.push_back(c.get());
   }
   return out;
 }

@@ -163,6 +163,7 @@ class TreeNode {
   std::vector<int64_t> checkpoint_live_slots_;  // sorted slot ids live when checkpointed
   std::vector<int64_t> must_stay_dead_;  // ancestor slots dead at recording (Note [Matching...])
   int64_t replays_ = 0;
+  uint64_t last_used_ = 0;  // the tree's use clock at its recording or latest replay
 
  private:
   int64_t id_;
@@ -170,6 +171,13 @@ class TreeNode {
   std::unordered_map<uint64_t, std::vector<TreeNode*>> children_;
   std::vector<std::unique_ptr<TreeNode>> owned_;
 };
+
+// For eviction (Note [Out of memory] in TreeManager.cpp): the node below `root` whose subtree was
+// used least recently (by TreeNode::last_used_; the deeper one on a tie) among the nodes that are
+// neither in `keep` nor an ancestor of one; nullptr if none.
+TreeNode* leastRecentlyUsedExcept(TreeNode& root, const std::vector<const TreeNode*>& keep);
+// The checkpoints of every node below `root`.
+std::vector<const Checkpoint*> checkpointsBelow(const TreeNode& root);
 
 // A storage of `nbytes` at `ptr` that owns nothing.
 c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device);

@@ -7,34 +7,117 @@
 #include <c10/util/Exception.h>
 
 #include <map>
+#include <tuple>
 
 namespace graphtrees {
 
 namespace {
 
-using DeviceKey = std::pair<int, int>;  // (device type, index): no string on the call path
+// (owner thread, device type, device index): no string on the call path.
+using TreeKey = std::tuple<int64_t, int, int>;
+using DeviceKey = std::pair<int, int>;
 
-DeviceKey keyOf(c10::Device device) {
+DeviceKey deviceKeyOf(c10::Device device) {
   return {static_cast<int>(device.type()), static_cast<int>(device.index())};
+}
+TreeKey keyOf(int64_t owner, c10::Device device) {
+  return {owner, static_cast<int>(device.type()), static_cast<int>(device.index())};
+}
+bool sameDevice(const TreeKey& k, c10::Device device) {
+  return std::get<1>(k) == static_cast<int>(device.type()) &&
+         std::get<2>(k) == static_cast<int>(device.index());
 }
 
 struct Registry {
   std::mutex mutex;
-  std::map<DeviceKey, std::shared_ptr<TreeManager>> trees;
+  std::map<TreeKey, std::shared_ptr<TreeManager>> trees;
   // Trees retired after a failed restore: their outputs stay valid until resetAll().
   std::vector<std::shared_ptr<TreeManager>> retired;
+  // Trees of threads that exited: freed once none of their outputs is alive (or at resetAll()).
+  std::vector<std::shared_ptr<TreeManager>> orphans;
   std::map<std::string, int64_t> retired_counts;
   std::map<std::string, int64_t> leaked_bytes;
+  std::map<DeviceKey, int64_t> budgets;  // kept across reset()
+  int calls_since_sweep = 0;
 };
+
+constexpr int kSweepInterval = 64;  // tree lookups between looks at the orphans
 
 Registry& registry() {
   static auto* r = new Registry();  // never destroyed: trees may be released at exit
   return *r;
 }
 
-std::shared_ptr<TreeManager> findOrCreate(c10::Device device, bool create, std::string* why_not) {
-  const DeviceKey key = keyOf(device);
+// Frees the orphaned trees whose outputs are all dead. Called without the registry's lock.
+void sweepOrphans() {
+  std::vector<std::shared_ptr<TreeManager>> orphans;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (r.orphans.empty()) return;
+    orphans.swap(r.orphans);
+  }
+  std::vector<std::shared_ptr<TreeManager>> keep;
+  for (auto& tree : orphans) {
+    bool idle = false;
+    {
+      std::unique_lock<std::recursive_mutex> lock(tree->mutex(), std::try_to_lock);
+      idle = lock.owns_lock() && tree->liveOutputs() == 0;
+    }
+    if (!idle || tree.use_count() != 1) {
+      keep.push_back(std::move(tree));
+      continue;
+    }
+    logMessage(LogLevel::kDebug, "freeing the " + tree->device().str() + " tree of thread " +
+                                     std::to_string(tree->owner()) + ", which exited");
+    tree.reset();  // ~TreeManager closes it; teardown errors become warnings
+  }
+  if (keep.empty()) return;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (auto& t : keep) r.orphans.push_back(std::move(t));
+}
+
+void onThreadExit(int64_t thread) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (auto it = r.trees.begin(); it != r.trees.end();) {
+    if (std::get<0>(it->first) == thread) {
+      r.orphans.push_back(std::move(it->second));
+      it = r.trees.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<TreeManager> TreeRegistry::findOrCreate(int64_t owner, const StepCounter& steps,
+                                                        c10::Device device, bool create,
+                                                        std::string* why_not) {
+  static const bool hooked = [] {
+    setThreadExitHook(&onThreadExit);
+    return true;
+  }();
+  (void)hooked;
+  const TreeKey key = keyOf(owner, device);
   std::shared_ptr<TreeManager> tree;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.trees.find(key);
+    if (it != r.trees.end()) {
+      // Orphans are looked at every so often, not at every call.
+      if (r.orphans.empty() || ++r.calls_since_sweep < kSweepInterval) return it->second;
+      r.calls_since_sweep = 0;
+      tree = it->second;
+    }
+  }
+  if (tree) {
+    sweepOrphans();
+    return tree;
+  }
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -47,29 +130,62 @@ std::shared_ptr<TreeManager> findOrCreate(c10::Device device, bool create, std::
       if (why_not) *why_not = reason;
       return nullptr;
     }
-    tree = std::make_shared<TreeManager>(std::move(backend));
+    tree = std::make_shared<TreeManager>(std::move(backend), owner, steps);
+    auto budget = r.budgets.find(deviceKeyOf(device));
+    if (budget != r.budgets.end()) tree->setMemoryBudget(budget->second);  // not in use yet
     r.trees.emplace(key, tree);
   }
   // Logged outside the registry's lock: the log sink takes the GIL.
-  logMessage(LogLevel::kDebug,
-             "created the tree for " + device.str() + " (backend " + tree->backendName() + ")");
+  logMessage(LogLevel::kDebug, "created the " + device.str() + " tree of thread " +
+                                   std::to_string(owner) + " (backend " + tree->backendName() +
+                                   ")");
+  sweepOrphans();
   return tree;
 }
-
-}  // namespace
 
 TreeRegistry::Handle::Handle(std::shared_ptr<TreeManager> tree)
     : tree_(std::move(tree)), lock_(tree_->mutex(), std::try_to_lock) {
   if (!lock_.owns_lock()) runBlocking([this] { lock_.lock(); });  // the holder may need the GIL
 }
 
-std::shared_ptr<TreeManager> TreeRegistry::find(c10::Device device, std::string* why_not) {
-  return findOrCreate(device, /*create=*/true, why_not);
+std::shared_ptr<TreeManager> TreeRegistry::find(c10::Device device, std::string* why_not,
+                                                const std::vector<at::Tensor>* produced_by) {
+  const int64_t me = threadId();
+  if (produced_by != nullptr) {
+    std::vector<std::shared_ptr<TreeManager>> others;
+    {
+      Registry& r = registry();
+      std::lock_guard<std::mutex> lock(r.mutex);
+      for (const auto& kv : r.trees) {
+        if (std::get<0>(kv.first) != me && sameDevice(kv.first, device)) {
+          others.push_back(kv.second);
+        }
+      }
+    }
+    for (auto& tree : others) {
+      if (Handle(tree)->producedAny(*produced_by)) return tree;
+    }
+  }
+  return findOrCreate(me, threadStepCounter(), device, /*create=*/true, why_not);
 }
 
 TreeRegistry::Handle TreeRegistry::acquire(c10::Device device, bool create, std::string* why_not) {
-  auto tree = findOrCreate(device, create, why_not);
+  auto tree = findOrCreate(threadId(), threadStepCounter(), device, create, why_not);
   return tree ? Handle(std::move(tree)) : Handle();
+}
+
+bool TreeRegistry::evictFunction(c10::Device device, int64_t function_id, const std::string& why) {
+  std::vector<std::shared_ptr<TreeManager>> trees;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& kv : r.trees) {
+      if (sameDevice(kv.first, device)) trees.push_back(kv.second);
+    }
+  }
+  bool all = true;
+  for (auto& tree : trees) all = Handle(tree)->evictFunction(function_id, why) && all;
+  return all;
 }
 
 TreeRegistry::Handle TreeRegistry::call(std::shared_ptr<TreeManager> found, FunctionRecord& fn,
@@ -82,13 +198,14 @@ TreeRegistry::Handle TreeRegistry::call(std::shared_ptr<TreeManager> found, Func
     *result = tree->call(fn, inputs, run);
     return tree;
   } catch (const RestoreFailed& e) {
-    // Nothing ran yet: retire the tree and run the call on a fresh one.
+    // Nothing ran yet: retire the tree and run the call on a fresh one of the same thread.
     std::shared_ptr<TreeManager> failed = tree.tree_;
     tree = Handle();
     retire(failed, e.what());
+    auto fresh = findOrCreate(failed->owner(), failed->steps(), device, true, &why_not);
+    TORCH_CHECK(fresh, "graphtrees: no tree for ", device, ": ", why_not);
+    tree = Handle(std::move(fresh));
   }
-  tree = acquire(device, true, &why_not);
-  TORCH_CHECK(tree, "graphtrees: no tree for ", device, ": ", why_not);
   *result = tree->call(fn, inputs, run);
   return tree;
 }
@@ -98,13 +215,12 @@ void TreeRegistry::retire(const std::shared_ptr<TreeManager>& tree, const std::s
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.trees.find(keyOf(tree->device()));
+    auto it = r.trees.find(keyOf(tree->owner(), tree->device()));
     if (it == r.trees.end() || it->second != tree) return;  // already retired
     r.retired.push_back(std::move(it->second));
     r.trees.erase(it);
     r.retired_counts[key]++;
     r.leaked_bytes[key] += tree->leakedBytes();
-    advanceEpoch();  // function records start afresh (warmup included) in the new tree
   }
   logMessage(LogLevel::kWarning,
              "restoring the pool of the " + key + " tree failed (" + why +
@@ -124,9 +240,10 @@ void TreeRegistry::resetAll() {
     r.trees.clear();
     for (auto& t : r.retired) trees.push_back(std::move(t));
     r.retired.clear();
+    for (auto& t : r.orphans) trees.push_back(std::move(t));
+    r.orphans.clear();
     r.retired_counts.clear();
     r.leaked_bytes.clear();
-    advanceEpoch();
   }
   // Trees nobody else holds are closed here, so that an error of their teardown (an asynchronous
   // device error surfacing at the final synchronisation) reaches the caller. A tree that a call on
@@ -144,6 +261,30 @@ void TreeRegistry::resetAll() {
   }
   trees.clear();
   TORCH_CHECK(error.empty(), "graphtrees.reset(): every tree was freed, but ", error);
+}
+
+void TreeRegistry::setMemoryBudget(c10::Device device, int64_t bytes) {
+  std::vector<std::shared_ptr<TreeManager>> trees;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (bytes < 0) {
+      r.budgets.erase(deviceKeyOf(device));
+    } else {
+      r.budgets[deviceKeyOf(device)] = bytes;
+    }
+    for (const auto& kv : r.trees) {
+      if (sameDevice(kv.first, device)) trees.push_back(kv.second);
+    }
+  }
+  for (auto& tree : trees) Handle(std::move(tree))->setMemoryBudget(bytes);
+}
+
+int64_t TreeRegistry::memoryBudget(c10::Device device) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.budgets.find(deviceKeyOf(device));
+  return it == r.budgets.end() ? -1 : it->second;
 }
 
 TreeInfo TreeRegistry::info(c10::Device device, bool* has_tree) {

@@ -1,7 +1,8 @@
 #pragma once
 
-// Above the tree manager: one tree per device, created on first use, handed out locked; the
-// retire-and-retry after a failed restore; reset of every tree. The Python-facing layer never
+// Above the tree manager: one tree per thread and device, created on first use, handed out locked
+// (Note [Steps, generations and threads] in ProcessState.h); the retire-and-retry after a failed
+// restore; reset of every tree; the trees of threads that exited. The Python-facing layer never
 // decides a tree's lifecycle: it asks the registry.
 
 #include "TreeInfo.h"
@@ -44,13 +45,20 @@ class TreeRegistry {
     std::unique_lock<std::recursive_mutex> lock_;
   };
 
-  // The device's tree, locked (waiting without the GIL if another thread holds it). Created on
-  // first use unless `create` is false; empty, with `why_not` set, when no backend can serve the
-  // device.
+  // The calling thread's tree of the device, locked (waiting without the GIL if another thread
+  // holds it). Created on first use unless `create` is false; empty, with `why_not` set, when no
+  // backend can serve the device.
   static Handle acquire(c10::Device device, bool create, std::string* why_not = nullptr);
-  // The device's tree, created if needed, not locked; nullptr (with `why_not`) when no backend
-  // can serve the device.
-  static std::shared_ptr<TreeManager> find(c10::Device device, std::string* why_not);
+  // The calling thread's tree of the device, created if needed, not locked; nullptr (with
+  // `why_not`) when no backend can serve the device. With `produced_by`, a tree of another
+  // thread that produced one of those tensors comes first (a backward that autograd runs on its
+  // own thread belongs with its forward).
+  static std::shared_ptr<TreeManager> find(c10::Device device, std::string* why_not,
+                                           const std::vector<at::Tensor>* produced_by = nullptr);
+
+  // Removes the recordings of `function_id` from every tree of the device. False if one of them
+  // is on its tree's current path (that tree keeps them).
+  static bool evictFunction(c10::Device device, int64_t function_id, const std::string& why);
 
   // Runs one call of `fn` on `tree` (from find()) and returns the tree that ran it, still locked
   // (the caller rebuilds the results and runs the debug check under the lock). A restore that
@@ -64,12 +72,22 @@ class TreeRegistry {
   // freed.
   static void resetAll();
 
-  // The device's tree as introspection sees it (the registry's counters included); a device
-  // without a tree gives `info.backend` empty and zeros.
+  // Note [Memory budget] in Backend.h: the cap on the bytes of each pool of `device` (-1 removes
+  // it), one pool per thread. It applies to the device's trees now and to those created later,
+  // reset() included.
+  static void setMemoryBudget(c10::Device device, int64_t bytes);
+  static int64_t memoryBudget(c10::Device device);
+
+  // The calling thread's tree of the device as introspection sees it (the registry's counters
+  // included); none gives `info.backend` empty and zeros.
   static TreeInfo info(c10::Device device, bool* has_tree);
 
  private:
   static void retire(const std::shared_ptr<TreeManager>& tree, const std::string& why);
+  // The tree of thread `owner` (whose step counter is `steps`) for `device`, created if `create`.
+  static std::shared_ptr<TreeManager> findOrCreate(int64_t owner, const StepCounter& steps,
+                                                   c10::Device device, bool create,
+                                                   std::string* why_not);
 };
 
 }  // namespace graphtrees

@@ -35,6 +35,7 @@ py::dict treeInfo(const py::handle& device_obj) {
   py::dict d;
   d["device"] = t.device;
   d["backend"] = has_tree ? py::object(py::str(t.backend)) : py::object(py::none());
+  d["thread"] = has_tree ? t.thread : threadId();
   d["state"] = t.state;
   d["generation"] = t.generation;
   d["num_nodes"] = t.num_nodes;
@@ -47,6 +48,9 @@ py::dict treeInfo(const py::handle& device_obj) {
   d["num_replays"] = t.num_replays;
   d["num_invalidations"] = t.num_invalidations;
   d["num_evictions"] = t.num_evictions;
+  d["num_out_of_memory"] = t.num_out_of_memory;
+  d["bytes_released"] = t.bytes_released;
+  d["memory_budget"] = t.memory_budget < 0 ? py::object(py::none()) : py::int_(t.memory_budget);
   d["num_migrations"] = t.num_migrations;
   d["retired_trees"] = t.retired_trees;
   d["leaked_bytes"] = t.leaked_bytes;
@@ -221,7 +225,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       });
 
   m.def("mark_step_begin", &markStepBegin,
-        "Starts a new step: the next call of any graphed function begins a new generation.");
+        "Starts a new step for the calling thread: its next graphed call begins a new "
+        "generation.");
   m.def("reset", wrap_pybind_function([] {
           TORCH_CHECK(!inTreeCall(),
                       "graphtrees.reset() (or torch._dynamo.reset()) was called from inside a "
@@ -231,6 +236,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         }),
         "Frees every tree: nodes, graphs and pools. Outputs still alive become invalid.");
   m.def("tree_info", wrap_pybind_function(&treeInfo), py::arg("device"));
+  m.def("set_memory_budget", wrap_pybind_function([](const py::handle& device, py::object bytes) {
+          int64_t n = -1;
+          if (!bytes.is_none()) {
+            const bool ok = PyLong_Check(bytes.ptr()) && !PyBool_Check(bytes.ptr()) &&
+                            bytes.cast<int64_t>() >= 0;
+            TORCH_CHECK_VALUE(ok,
+                              "graphtrees.set_memory_budget: max_pool_bytes must be an int >= 0 "
+                              "or None, got ",
+                              py::repr(bytes).cast<std::string>());
+            n = bytes.cast<int64_t>();
+          }
+          TreeRegistry::setMemoryBudget(parseDevice(device), n);
+        }),
+        py::arg("device"), py::arg("max_pool_bytes"));
+  m.def("memory_budget", wrap_pybind_function([](const py::handle& device) -> py::object {
+          const int64_t n = TreeRegistry::memoryBudget(parseDevice(device));
+          return n < 0 ? py::object(py::none()) : py::object(py::int_(n));
+        }),
+        py::arg("device"));
   m.def("tree_to_dot", wrap_pybind_function(&treeToDot), py::arg("device"));
   m.def(
       "check_pool_invariants", wrap_pybind_function(&checkPoolInvariants), py::arg("device"),
@@ -254,12 +278,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "_fail_next_restores", [](int n) { injectFailure(FailurePoint::kRestore, n); }, py::arg("n"),
       "Testing hook: the next n pool restores fail as PyTorch issue #140419 does.");
-  m.def("_inject_failure", wrap_pybind_function([](const std::string& point, int n) {
-          injectFailure(failurePointFromName(point), n);
+  m.def("_inject_failure", wrap_pybind_function([](const std::string& point, int n, int skip) {
+          injectFailure(failurePointFromName(point), n, skip);
         }),
-        py::arg("point"), py::arg("n") = 1,
-        "Testing hook: the next n arrivals at `point` fail (restore, backend_restore, "
-        "partial_restore, checkpoint, capture_end, end_allocate, release_pool).");
+        py::arg("point"), py::arg("n") = 1, py::arg("skip") = 0,
+        "Testing hook: after `skip` arrivals at `point` that pass, the next n fail (restore, "
+        "backend_restore, partial_restore, checkpoint, capture_end, end_allocate, release_pool, "
+        "pool_alloc: an out-of-memory error).");
+  m.def("_pending_failures", wrap_pybind_function([](const std::string& point) {
+          return pendingInjectedFailures(failurePointFromName(point));
+        }),
+        py::arg("point"), "Testing hook: failures still armed at `point`.");
   m.def(
       "_note_host_sync", [](const std::string& what) { noteUndispatchedHostRead(what.c_str()); },
       py::arg("what"),

@@ -28,6 +28,7 @@ def cudagraphify(
     chain_limit: int = 16,
     buckets: Optional[Iterable[int]] = None,
     bucket_dim: int = 0,
+    max_recorded_shapes: Optional[int] = None,
 ):
     """Wraps ``fn`` so that its calls are warmed up, recorded as graphs and replayed.
 
@@ -59,6 +60,12 @@ def cudagraphify(
             bucket runs eagerly (logged once). ``wrapped.capture(*example_args)`` records every
             bucket ahead of time.
         bucket_dim: the batch dimension for ``buckets``.
+        max_recorded_shapes: at most this many call signatures (shapes, dtypes, non-tensor
+            argument values) keep recordings; a new one evicts the least recently used. When
+            evictions keep throwing away recordings that never replayed (more shapes cycling than
+            fit), the recorded ones are kept and new shapes run eagerly until a kept one goes
+            unused for a while (logged once, with the advice to use ``buckets``). Default: no
+            bound.
 
     Returns a callable with the same call signature and result structure as ``fn``.
     Calls that cannot be graphed (autograd needed, several devices, unsupported arguments) run
@@ -75,6 +82,7 @@ def cudagraphify(
             chain_limit=chain_limit,
             buckets=buckets,
             bucket_dim=bucket_dim,
+            max_recorded_shapes=max_recorded_shapes,
         )
     # Options are validated once, in C++ (graphtrees._C.GraphedCallable), for every caller.
     module = fn if isinstance(fn, torch.nn.Module) else None
@@ -82,6 +90,8 @@ def cudagraphify(
                    rerecord_limit=rerecord_limit, on_overwrite=on_overwrite,
                    chain_limit=chain_limit, buckets=None if buckets is None else list(buckets),
                    bucket_dim=bucket_dim)
+    if max_recorded_shapes is not None:
+        options["max_recorded_shapes"] = max_recorded_shapes
     wrapped = get_ext().GraphedCallable(fn, options, module, _name_of(fn) if name is None else name)
     wrapped.capture = functools.partial(_capture, wrapped, tuple(static_argnums)
                                         if not isinstance(static_argnums, int) else (static_argnums,))
@@ -110,6 +120,25 @@ def reset() -> None:
     get_ext().reset()
 
 
+def set_memory_budget(device: DeviceLike, max_pool_bytes: Optional[int]) -> None:
+    """Caps the memory graphtrees' pool on ``device`` may hold at ``max_pool_bytes`` (``None``
+    removes the cap). It applies to the device's tree now and after :func:`reset`.
+
+    When a warmup or a recording would take the pool over the budget, graphtrees evicts the least
+    recently used recordings that are not on the current path and returns the memory that no
+    remaining recording needs; if that is not enough the call runs eagerly (logged). Counted in
+    ``tree_info()`` (``num_evictions``, ``num_out_of_memory``, ``bytes_released``,
+    ``memory_budget``). Memory the pool holds already is not taken away: the cap bounds growth.
+    With several threads, each thread's pool gets the cap (README "Threads").
+    """
+    get_ext().set_memory_budget(_device(device), max_pool_bytes)
+
+
+def memory_budget(device: DeviceLike) -> Optional[int]:
+    """The budget :func:`set_memory_budget` set for ``device``, or ``None``."""
+    return get_ext().memory_budget(_device(device))
+
+
 def _device(device: DeviceLike) -> str:
     d = torch.device(device)
     if d.type == "cuda" and d.index is None:
@@ -122,7 +151,9 @@ def tree_info(device: DeviceLike = "cpu") -> Dict[str, Any]:
 
     Keys: device, backend, state, generation, num_nodes, num_roots, num_checkpoints (pool
     restores), num_rerecords, num_fallbacks, num_warmups, num_recordings, num_replays,
-    num_invalidations, num_evictions, num_migrations, retired_trees, pending_backward,
+    num_invalidations, num_evictions, num_out_of_memory (warmups and recordings an allocation
+    failure turned eager), bytes_released (pool memory returned to the device after evictions
+    and allocation failures), memory_budget, num_migrations, retired_trees, pending_backward,
     live_outputs, current_node, pool (reserved_bytes, allocated_bytes,
     segments, blocks, allocated_blocks) and nodes (id, parent, function, function_id, children,
     pool_bytes, num_outputs, input_kinds -- one letter per flat input: S static, M managed,

@@ -40,7 +40,7 @@ def device(request):
 
 
 FAILURE_POINTS = ("restore", "backend_restore", "partial_restore", "checkpoint", "capture_end",
-                  "end_allocate", "release_pool")
+                  "end_allocate", "release_pool", "pool_alloc")
 
 
 def _cpu_totals():
@@ -60,6 +60,8 @@ def clean_trees():
     yield
     for point in FAILURE_POINTS:
         _C._inject_failure(point, 0)
+    for dev in ("cpu", "cuda:0") if _cuda_usable() else ("cpu",):
+        graphtrees.set_memory_budget(dev, None)
     gc.collect()
     graphtrees.reset()
     gc.collect()

@@ -252,3 +252,26 @@ def test_cuda_malloc_async_backend_is_refused_with_a_reason():
                        timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "cudaMallocAsync" in r.stderr
+
+
+def test_memory_budget_refuses_growth_and_restores_the_memory_fraction(tree_logs):
+    # Note [Memory budget]: c10's per-process fraction is lowered while the pool allocates and
+    # put back afterwards; a warmup that needs more than the budget runs eagerly.
+    before = torch.cuda.get_per_process_memory_fraction(0)
+    small = cudagraphify(lambda x: x + 1)
+    x = torch.ones(1024, device="cuda")
+    for _ in range(3):
+        small(x)
+    budget = info("cuda")["pool"]["reserved_bytes"] + (8 << 20)
+    graphtrees.set_memory_budget("cuda", budget)
+    big = cudagraphify(lambda x: x.repeat(64 << 10))  # 256 MiB
+    for _ in range(3):
+        torch.testing.assert_close(big(x), x.repeat(64 << 10))
+    t = info("cuda")
+    assert t["num_out_of_memory"] == 1 and t["memory_budget"] == budget
+    assert t["pool"]["reserved_bytes"] <= budget
+    assert "ran out of memory while warming it up" in tree_logs.text
+    assert torch.cuda.get_per_process_memory_fraction(0) == before
+    torch.testing.assert_close(small(x), x + 1)  # the tree still replays
+    graphtrees.set_memory_budget("cuda", None)
+    assert_invariants("cuda")

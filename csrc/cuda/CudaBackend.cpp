@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <set>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 
 // torch >= 2.14's CUDAGraph ends the allocator routing and releases the pool itself when a
@@ -38,8 +39,10 @@ namespace {
 
 class CudaCheckpoint final : public Checkpoint {
  public:
-  explicit CudaCheckpoint(std::shared_ptr<CCA::AllocatorState> state) : state_(std::move(state)) {}
+  CudaCheckpoint(std::shared_ptr<CCA::AllocatorState> state, std::vector<uintptr_t> segments)
+      : state_(std::move(state)), segments_(std::move(segments)) {}
   std::shared_ptr<CCA::AllocatorState> state_;
+  std::vector<uintptr_t> segments_;  // base addresses: a restore needs each of them to exist
 };
 
 class CudaGraph final : public Graph {
@@ -143,11 +146,13 @@ void CudaBackend::beginAllocateToPool() {
   routing_device_.set_index(device_.index());
   saved_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
   c10::cuda::setCurrentCUDAStream(stream_);
+  applyLimit();  // Note [Memory budget] in Backend.h
 }
 
 void CudaBackend::endAllocateToPool() {
   std::string error;
   // Un-route first: nothing below may leave this thread routed into the pool.
+  collectError(&error, "setMemoryFraction", [&] { liftLimit(); });
   if (saved_stream_) {
     c10::cuda::setCurrentCUDAStream(*saved_stream_);
     saved_stream_.reset();
@@ -229,6 +234,18 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
   std::string rejected;
   {
     c10::cuda::CUDAStreamGuard stream_guard(stream_);
+    // Note [Memory budget] in Backend.h: the cap holds while the capture allocates.
+    struct LimitScope {
+      CudaBackend* backend;
+      ~LimitScope() {
+        try {
+          backend->liftLimit();
+        } catch (const std::exception& e) {
+          logMessage(LogLevel::kWarning, std::string("restoring the memory fraction: ") + e.what());
+        }
+      }
+    } limit_scope{this};
+    applyLimit();
     try {
       graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
     } catch (const std::exception& e) {
@@ -329,7 +346,77 @@ std::shared_ptr<Checkpoint> CudaBackend::checkpoint() {
   c10::cuda::device_synchronize();
   TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kCheckpoint),
               "graphtrees: injected failure while checkpointing the CUDA pool");
-  return std::make_shared<CudaCheckpoint>(CCA::getCheckpointState(device_.index(), pool_));
+  std::vector<uintptr_t> bases;
+  for (const auto& seg : poolLayout()) bases.push_back(seg.first.begin);
+  return std::make_shared<CudaCheckpoint>(CCA::getCheckpointState(device_.index(), pool_),
+                                          std::move(bases));
+}
+
+void CudaBackend::setReservedLimit(int64_t bytes) {
+  limit_ = bytes;
+}
+
+// c10 has no per-pool cap, only a per-process fraction of the device that bounds the bytes all
+// pools reserve together. While this thread allocates into the pool, the fraction is lowered so
+// that the device's other reservations may stay and this pool may grow up to the cap; c10 then
+// fails the allocation with its out-of-memory error. Another thread allocating on the device in
+// that window is bounded too (README "Memory budget").
+void CudaBackend::applyLimit() {
+  if (limit_ < 0 || saved_fraction_) return;
+  const c10::DeviceIndex dev = device_.index();
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const int64_t device_reserved = CCA::getDeviceStats(dev).reserved_bytes[agg].current;
+  const int64_t allowed = device_reserved - stats().reserved_bytes + limit_;
+  saved_fraction_ = CCA::getMemoryFraction(dev);
+  const double fraction = static_cast<double>(std::max<int64_t>(allowed, 0)) /
+                          static_cast<double>(std::max<size_t>(total_bytes, 1));
+  CCA::setMemoryFraction(std::min(fraction, *saved_fraction_), dev);
+}
+
+void CudaBackend::liftLimit() {
+  if (!saved_fraction_) return;
+  const double saved = *saved_fraction_;
+  saved_fraction_.reset();
+  CCA::setMemoryFraction(saved, device_.index());
+}
+
+int64_t CudaBackend::refusedBytes() const {
+  return 0;  // c10's out-of-memory error does not say how much the pool lacked
+}
+
+// c10's emptyCache(pool) returns every free segment of the pool at once; it runs only when none
+// of them is in a kept checkpoint (a restore fails on a segment that is gone).
+int64_t CudaBackend::releaseFreeSegments(const std::vector<const Checkpoint*>& keep) {
+  if (!pool_alive_) return 0;
+  c10::cuda::CUDAGuard guard(device_.index());
+  std::unordered_set<uintptr_t> kept;
+  for (const Checkpoint* c : keep) {
+    const auto* cp = dynamic_cast<const CudaCheckpoint*>(c);
+    TORCH_INTERNAL_ASSERT(cp != nullptr, "checkpoint of another backend");
+    kept.insert(cp->segments_.begin(), cp->segments_.end());
+  }
+  int64_t free_bytes = 0;
+  for (const auto& seg : poolLayout()) {
+    const bool all_free = std::none_of(seg.second.begin(), seg.second.end(),
+                                       [](const Block& b) { return b.allocated; });
+    if (!all_free) continue;
+    if (kept.count(seg.first.begin)) return 0;
+    free_bytes += static_cast<int64_t>(seg.first.end - seg.first.begin);
+  }
+  if (free_bytes == 0) return 0;
+  const int64_t before = stats().reserved_bytes;
+  try {
+    c10::cuda::device_synchronize();
+    CCA::emptyCache(pool_);  // asserts that no thread routes allocations on the device
+  } catch (const std::exception& e) {
+    logMessage(LogLevel::kDebug,
+               std::string("returning free segments of the pool failed: ") + e.what());
+  }
+  refreshSegments();
+  return before - stats().reserved_bytes;
 }
 
 RestoreResult CudaBackend::restore(const Checkpoint& checkpoint) {

@@ -60,6 +60,9 @@ class CudaBackend final : public Backend {
   bool checkLiveAllocations(const std::unordered_set<void*>& expected) override;
   std::vector<void*> allocatedBlocks() override;
   PoolStats stats() override;
+  void setReservedLimit(int64_t bytes) override;
+  int64_t refusedBytes() const override;
+  int64_t releaseFreeSegments(const std::vector<const Checkpoint*>& keep) override;
 
  private:
   struct Block {
@@ -70,6 +73,10 @@ class CudaBackend final : public Backend {
   // The pool's segments and blocks, from the allocator's snapshot.
   std::vector<std::pair<Interval, std::vector<Block>>> poolLayout() const;
   void refreshSegments();
+  // Lower c10's memory fraction of the device so that the pool cannot grow past limit_ while this
+  // thread allocates into it; liftLimit() puts the previous fraction back.
+  void applyLimit();
+  void liftLimit();
   // Undoes a capture that failed after capture_begin(): un-routes both allocators and releases
   // every pool reference the capture took (`uses_before`: the pool's use count before it).
   // `host_routed`: capture_begin() got as far as routing the host allocator.
@@ -84,6 +91,8 @@ class CudaBackend final : public Backend {
   std::optional<c10::cuda::CUDAStream> saved_stream_;  // during pool routing
   c10::cuda::OptionalCUDAGuard routing_device_;        // during pool routing
   std::vector<Interval> segments_;                     // cached for inPool()
+  int64_t limit_ = -1;                                 // graphtrees.set_memory_budget
+  std::optional<double> saved_fraction_;               // while the limit is applied
 };
 
 // Returns nullptr (with `why_not`) when CUDA graphs cannot be used: the allocator is not c10's
