@@ -483,7 +483,8 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     mutated = mutations.firstMutated(&mutating_op);
   } catch (const c10::OutOfMemoryError& e) {
     outs.clear();
-    return outOfMemory(fn, inputs, run, "warming it up", e.what_without_backtrace());
+    // `ins`: inputs the warmup had to invalidate were replaced by clones (prepareToAllocate).
+    return outOfMemory(fn, ins, run, "warming it up", e.what_without_backtrace());
   }
   if (mutated >= 0) {
     fn.eager_reason = mutationReason(mutated, mutating_op,
@@ -542,7 +543,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
     routing.end();
   } catch (const c10::OutOfMemoryError& e) {
     rec = Recording();
-    return outOfMemory(fn, inputs, run, "copying its inputs for a recording",
+    return outOfMemory(fn, ins, run, "copying its inputs for a recording",
                        e.what_without_backtrace());
   }
   int64_t mutated = -1;
@@ -559,7 +560,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
     return runEager(fn, inputs, run, fn.eager_reason);
   } catch (const c10::OutOfMemoryError& e) {
     rec = Recording();
-    return outOfMemory(fn, inputs, run, "recording it", e.what_without_backtrace());
+    return outOfMemory(fn, ins, run, "recording it", e.what_without_backtrace());
   }
   if (mutated >= 0) {
     fn.eager_reason = mutationReason(mutated, mutating_op, "");
