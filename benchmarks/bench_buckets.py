@@ -1,7 +1,7 @@
 """Serving benchmark on the CPU backend: shape buckets on a small transformer block (measurements,
 not tests).
 
-    python benchmarks/bench_buckets.py [--quick]
+    python benchmarks/bench_buckets.py [--quick]   (--quick: fewer iterations, prints only)
 
 Buckets 1..64: the powers of two and every multiple of 8 (1, 2, 4, 8, 16, 24, ..., 64). Writes
 benchmarks/results/cpu-buckets-<date>.json and .md with
@@ -122,10 +122,6 @@ def main():
             "machine": platform.machine(), "cpu_threads": torch.get_num_threads(),
             "backend": "cpu-emulation", "graphtrees": graphtrees.__version__}
     out = {"meta": meta, "capture": capture, "padding": padding}
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    base = os.path.join(HERE, "results", f"cpu-buckets-{date}")
-    with open(base + ".json", "w") as f:
-        json.dump(out, f, indent=2)
     mib = 1 << 20
     lines = [f"# Shape buckets on the CPU backend ({date})", "",
              f"torch {meta['torch']}, Python {meta['python']}, {meta['machine']}, "
@@ -148,9 +144,15 @@ def main():
         lines.append(f"| {r['function']} | {r['batch']} | {r['bucket']} | {r['padded_us']} | "
                      f"{r['exact_bucket_us']} | {r['padding_overhead_us']} | "
                      f"{r['eager_at_batch_us']} |")
+    print("\n".join(lines))
+    if args.quick:
+        return  # a smoke run writes nothing
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    base = os.path.join(HERE, "results", f"cpu-buckets-{date}")
+    with open(base + ".json", "w") as f:
+        json.dump(out, f, indent=2)
     with open(base + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":
