@@ -102,7 +102,8 @@ def cudagraphify(
 
 
 def mark_step_begin() -> None:
-    """Marks the start of a new step (e.g. a new iteration of an inference or training loop).
+    """Marks the start of a new step (e.g. a new iteration of an inference or training loop) for
+    the calling thread's trees.
 
     The next graphed call starts a new generation: a new path from the root of the tree. Pool
     outputs of the previous step that own memory are released for reuse, so accessing them
@@ -122,7 +123,7 @@ def reset() -> None:
 
 def set_memory_budget(device: DeviceLike, max_pool_bytes: Optional[int]) -> None:
     """Caps the memory graphtrees' pool on ``device`` may hold at ``max_pool_bytes`` (``None``
-    removes the cap). It applies to the device's tree now and after :func:`reset`.
+    removes the cap). It applies to the device's trees now and after :func:`reset`.
 
     When a warmup or a recording would take the pool over the budget, graphtrees evicts the least
     recently used recordings that are not on the current path and returns the memory that no
@@ -147,9 +148,10 @@ def _device(device: DeviceLike) -> str:
 
 
 def tree_info(device: DeviceLike = "cpu") -> Dict[str, Any]:
-    """A JSON-serialisable description of the tree on ``device``.
+    """A JSON-serialisable description of the calling thread's tree on ``device`` (each thread
+    has its own; README "Threads").
 
-    Keys: device, backend, state, generation, num_nodes, num_roots, num_checkpoints (pool
+    Keys: device, backend, thread, state, generation, num_nodes, num_roots, num_checkpoints (pool
     restores), num_rerecords, num_fallbacks, num_warmups, num_recordings, num_replays,
     num_invalidations, num_evictions, num_out_of_memory (warmups and recordings an allocation
     failure turned eager), bytes_released (pool memory returned to the device after evictions
