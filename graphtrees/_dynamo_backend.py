@@ -11,8 +11,8 @@ or aot_eager) and wrapped as a graphtrees function:
 * symbolic sizes arrive as Python ints, so each distinct shape is its own function, at most
   ``max_recorded_shapes`` of them per compiled graph (least recently used evicted);
 * graphs that cannot be recorded (``.item()``, data-dependent shapes, mutation of an eager input,
-  CPU ops in a CUDA graph) run eagerly with the reason and source line logged -- or raise under
-  ``strict=True``.
+  CPU ops in a CUDA graph, parameters that FSDP2 unshards) run eagerly with the reason and source
+  line logged -- or raise under ``strict=True``.
 
 The backend is registered through the ``torch_dynamo_backends`` entry point, so
 ``torch.compile(model, backend="graphtrees")`` works after ``pip install`` without an import.
@@ -86,6 +86,87 @@ def _pytorch_mutated_inputs(gm: torch.fx.GraphModule) -> set:
 
 class SkipError(RuntimeError):
     """A graph that graphtrees cannot record, under ``strict=True``."""
+
+
+# Note [FSDP2 parameters]
+# FSDP2 (torch.distributed.fsdp.fully_shard) runs its hooks outside dynamo (they are wrapped in
+# torch._dynamo.disable), so a compiled FSDP2 model is split into one dynamo graph per FSDP unit,
+# with the all-gathers and reduce-scatters running eagerly between them. Inside such a graph the
+# unit's parameters are the unsharded parameters, whose storage FSDP2 frees after use
+# (storage.resize_(0)) and allocates again at the next all-gather: their address changes from step
+# to step. A recording reads its static inputs in place, so it would be re-recorded at every step
+# (PyTorch's own trees do that, pytorch/pytorch#183451) and, on the CPU backend, never replayed.
+# Such a graph therefore runs eagerly from the start, forward and backward, with this reason
+# logged; the graphs between FSDP units that read no FSDP2 parameter are still recorded.
+def _fsdp2_unsharded_storages() -> set:
+    """Storages of the unsharded parameters of every FSDP2 module alive in this process (empty
+    when FSDP2 is not in use, or its private state is laid out differently)."""
+    import sys
+
+    if "torch.distributed.fsdp" not in sys.modules:  # nothing can be sharded without it
+        return set()
+    try:
+        from torch.distributed._composable_state import _module_state_mapping
+        from torch.distributed.fsdp import FSDPModule
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        storages = set()
+        for module, state_ref in list(_module_state_mapping.items()):
+            state = state_ref() if isinstance(module, FSDPModule) else None
+            if state is None:
+                continue
+            groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.13
+            if groups is None:  # torch 2.11
+                group = getattr(state, "_fsdp_param_group", None)
+                groups = [group] if group is not None else []
+            for group in groups:
+                for fsdp_param in getattr(group, "fsdp_params", ()):
+                    p = fsdp_param.__dict__.get("_unsharded_param")  # set at the 1st all-gather
+                    if isinstance(p, torch.Tensor):
+                        storages.add(StorageWeakRef(p.untyped_storage()))
+        return storages
+    except Exception:  # noqa: BLE001 - a check of ours must not break compilation
+        return set()
+
+
+def _input_name(node: torch.fx.Node) -> str:
+    """The user-level name of a dynamo graph input (L['self']._modules['lin']._parameters['weight'],
+    say), if known."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    if callable(name):  # a method in some torch versions, a property in others
+        try:
+            name = name()
+        except Exception:  # noqa: BLE001
+            name = None
+    return name if isinstance(name, str) and name else node.name
+
+
+def fsdp2_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Optional[str]:
+    """Why the dynamo graph `gm` cannot be recorded because FSDP2 manages some of its inputs
+    (Note [FSDP2 parameters]), or None."""
+    storages = _fsdp2_unsharded_storages()
+    if not storages:
+        return None
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = []
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, torch.Tensor) or t.is_meta:
+            continue
+        try:
+            managed = StorageWeakRef(t.untyped_storage()) in storages
+        except (NotImplementedError, RuntimeError):  # tensors without storage
+            managed = False
+        if managed:
+            found.append(_input_name(placeholders[i]) if i < len(placeholders) else f"#{i}")
+    if not found:
+        return None
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (f"it reads parameters that FSDP2 (fully_shard) unshards ({shown}); FSDP2 frees them "
+            "after use and allocates them again at the next all-gather, so their addresses change "
+            "every step and a recording could never be replayed")
 
 
 def _where(node: torch.fx.Node) -> str:
@@ -265,10 +346,19 @@ _MODE_HELP = (
 
 
 def _wrap(opts: _Options, compiled: Callable[[list], Any], gm: torch.fx.GraphModule,
-          static_idxs: Sequence[int], mode: Any, name: str) -> Callable[[list], Any]:
-    reason = skip_reason(gm, static_idxs) or ""
+          static_idxs: Sequence[int], mode: Any, name: str,
+          graph_reason: str = "") -> Callable[[list], Any]:
+    # graph_reason: why the whole dynamo graph (forward and backward) cannot be recorded.
+    reason = graph_reason or skip_reason(gm, static_idxs) or ""
     if reason and opts.strict:
         raise SkipError(f"graphtrees (strict=True): cannot record '{name}': {reason}")
+    if reason and mode == _modes().FORWARD:
+        # A forward that always runs eagerly keeps no activations in the pool, so it must not
+        # count as a forward waiting for its backward (Note [Pending backward] in
+        # csrc/TreeManager.cpp). Counted, it would hold the path open from one step into the
+        # next: a graphed function called after it would be warmed up or recorded again under
+        # the previous step's last node, step after step, instead of replaying.
+        mode = _modes().INFERENCE
 
     def run(*args):
         return compiled(list(args))
@@ -303,6 +393,7 @@ def make_backend(**options) -> Callable:
             raise TypeError(f"graphtrees: Inductor options {sorted(inner_options)} need "
                             "inner='inductor'")
         graph = f"graph{next(_graph_counter)}"
+        graph_reason = fsdp2_reason(gm, example_inputs) or ""
         forward_static: List[int] = []
         forward_static_aliases: List[str] = []
 
@@ -318,12 +409,12 @@ def make_backend(**options) -> Callable:
                 forward_static_aliases[:] = _static_aliases(aot_gm, static)
                 mode = _modes().INFERENCE if is_inference else _modes().FORWARD
                 return _wrap(opts, lambda args: aot_gm(*args), aot_gm, static, mode,
-                             f"{graph}.{mode_name(mode)}")
+                             f"{graph}.{mode_name(mode)}", graph_reason)
 
             def bw_compiler(aot_gm, aot_inputs):
                 static = _backward_static_indices(aot_gm, forward_static, forward_static_aliases)
                 return _wrap(opts, lambda args: aot_gm(*args), aot_gm, static, _modes().BACKWARD,
-                             f"{graph}.backward")
+                             f"{graph}.backward", graph_reason)
 
             return aot_autograd(
                 fw_compiler=fw_compiler,
@@ -346,7 +437,8 @@ def make_backend(**options) -> Callable:
                                 | set(_forward_static_indices(len(example_inputs), aot_inputs)))
                 forward_static[:] = static
                 forward_static_aliases[:] = _static_aliases(aot_gm, static)
-            return _wrap(opts, compiled, aot_gm, static, mode, f"{graph}.{mode_name(mode)}")
+            return _wrap(opts, compiled, aot_gm, static, mode, f"{graph}.{mode_name(mode)}",
+                         graph_reason)
 
         # AOTAutograd's cache could hand back a plain Inductor compilation of the same graph
         # without calling inner_compile, and nothing would be recorded: bypass it.

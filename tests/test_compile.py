@@ -2,6 +2,7 @@
 
 import copy
 import logging
+import re
 
 import pytest
 import torch
@@ -454,3 +455,44 @@ def test_inductor_options_reach_the_inner_compiler(device, monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(via_torch(x), model(x))
     assert {"max_fusion_size": 16} in seen[before:]
+
+
+def test_training_after_an_eager_graph_replays_every_step(device, caplog):
+    # The first graph cannot be recorded (.item() on an int) and runs eagerly; the graph after
+    # the break must still be recorded once and replayed at every step. Counted as a forward
+    # waiting for its backward, the eager forward would hold the path open into the next step,
+    # and the second graph would be warmed up again at every step instead.
+    caplog.set_level(logging.WARNING, logger="graphtrees")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 16)
+            self.b = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = self.a(x) * (x.abs().sum().long().item() % 3 + 1)
+            torch._dynamo.graph_break()
+            return self.b(torch.relu(h))
+
+    torch.manual_seed(0)
+    model = Net().to(device)
+    ref = copy.deepcopy(model)
+    steps = 8
+    gen = torch.Generator().manual_seed(4)
+    data = [torch.randn(4, 8, generator=gen).to(device) for _ in range(steps)]
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        compiled = graphtrees.compile(model, inner="aot_eager")
+        for m, f in ((ref, ref), (model, compiled)):
+            opt = torch.optim.SGD(m.parameters(), lr=0.01)
+            for x in data:
+                opt.zero_grad()
+                f(x).pow(2).mean().backward()
+                opt.step()
+    _assert_same_parameters(model, ref)
+    eager = set(re.findall(r"running '(graph\d+)\.forward' eagerly", caplog.text))
+    assert len(eager) == 1 and "_local_scalar_dense" in caplog.text
+    nodes = info(device)["nodes"]
+    assert len({n["function"].split(".")[0] for n in nodes} - eager) == 1  # the second graph
+    assert sorted(n["function"].split(".")[1] for n in nodes) == ["backward", "forward"]
+    assert all(n["replays"] == steps - 2 for n in nodes), nodes

@@ -32,3 +32,14 @@ def test_llm_decode_example():
 def test_diffusion_cfg_example():
     out = _run("examples/diffusion_cfg.py", "--device", "cpu")
     assert "samples equal to eager" in out and "digraph graphtrees" in out
+
+
+def test_ddp_train_example():
+    # Two ranks through torchrun (--standalone: a free port, not the fixed 29500), gloo on CPU.
+    out = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "examples/ddp_train.py", "--steps", "6")
+    assert "parameters agree across 2 ranks" in out
+    for rank in (0, 1):  # each rank printed its own tree: three pieces, forward and backward
+        assert f"[rank {rank}] tree on cpu (cpu-emulation): 6 nodes" in out
+        assert f"[rank {rank}]   #5 graph0.backward" in out
+    assert "replays, 0 eager fallbacks" in out
