@@ -66,9 +66,16 @@ using RunFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor
 // the CPU emulation, the function did what a CUDA capture forbids. capture() throws it after it
 // has undone everything the capture set up (allocator routing, pool references); the tree then
 // runs that function eagerly from now on. See Note [Rejected captures].
+// `ran()`: the function ran to its end and `outputs` holds its real results (the CPU emulation
+// runs it for real while it records), so the tree can hand those out instead of running it again.
 class CaptureRejected : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit CaptureRejected(const std::string& what, bool ran = false)
+      : std::runtime_error(what), ran_(ran) {}
+  bool ran() const { return ran_; }
+
+ private:
+  bool ran_;
 };
 
 // restore() failed. `poolUnchanged()` says whether the pool's bookkeeping is exactly as it was

@@ -12,9 +12,11 @@
 #include <c10/util/UniqueVoidPtr.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -113,7 +115,8 @@ class ReplayScope {
 // thread-local RecordFunction observer therefore watches the ops the function dispatches (nested
 // ones included) and Tensor.tolist(), which ATen does not dispatch, is reported by the Python
 // layer through noteHostSync(). Any of them makes the capture rejected exactly like a CUDA one:
-// capture() throws CaptureRejected and the tree runs the function eagerly from then on. Ops
+// capture() throws CaptureRejected and the tree runs the function eagerly from then on (a capture
+// that ran to its end hands its real results over, so this call does not run it twice). Ops
 // whose CPU kernels read values where their CUDA kernels do not (_assert_async) are exempt,
 // with everything they call.
 struct HostSyncWatch {
@@ -137,6 +140,9 @@ const char* hostSyncDescription(const char* op) {
       {"aten::unique_consecutive", "unique_consecutive()"},
       {"aten::unique_dim_consecutive", "unique_consecutive(dim=...)"},
       {"aten::equal", "torch.equal()"},
+      {"c10d::barrier",
+       "torch.distributed.barrier() (it blocks the host until every rank arrives)"},
+      {"c10d::monitored_barrier_", "torch.distributed.monitored_barrier() (it blocks the host)"},
   };
   auto it = ops.find(op);
   return it == ops.end() ? nullptr : it->second;
@@ -391,10 +397,18 @@ class CpuGraph final : public Graph {
     // Anything still alive that is not an output was kept by the function (on a module, in a
     // global): the next run would overwrite it without anyone knowing.
     outputs.clear();
-    size_t kept = 0;
-    {
+    auto keptCount = [&] {
+      size_t n = 0;
       std::lock_guard<std::mutex> lock(st.liveness->mutex);
-      for (const auto& kv : st.liveness->alive) kept += output_storages_.count(kv.first) ? 0 : 1;
+      for (const auto& kv : st.liveness->alive) n += output_storages_.count(kv.first) ? 0 : 1;
+      return n;
+    };
+    size_t kept = keptCount();
+    // A collective's worker thread (gloo's) may drop its references to the run's tensors a moment
+    // after the collective returned: give it up to 100 ms before calling them kept.
+    for (int i = 0; kept > 0 && i < 100; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      kept = keptCount();
     }
     TORCH_CHECK(kept == 0, "graphtrees: the replay of '", name_, "' kept ", kept,
                 " tensor(s) it allocated without returning them (for example a cache stored on a "
@@ -475,21 +489,24 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
   st.recording = &allocations;
   st.function_name = &function_name;
   HostSyncWatch watch;
+  bool ran = false;
   try {
     RouteGuard guard(&st);
     HostSyncWatchGuard watching(&watch);
     *outputs = run(inputs);
+    ran = true;
   } catch (...) {
     // On CUDA the host read itself would have failed the capture, before this error.
     if (watch.first.empty()) throw;
   }
   if (!watch.first.empty()) {
-    outputs->clear();
+    if (!ran) outputs->clear();
     throw CaptureRejected(
         "it reads tensor values on the host while it is recorded: " + watch.first +
-        ". A CUDA graph capture cannot synchronise with the host. Keep such code "
-        "out of the graphed function, or express it with tensor ops (e.g. "
-        "torch.where instead of `if tensor:`)");
+            ". A CUDA graph capture cannot synchronise with the host. Keep such code "
+            "out of the graphed function, or express it with tensor ops (e.g. "
+            "torch.where instead of `if tensor:`)",
+        ran);
   }
   if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
     outputs->clear();

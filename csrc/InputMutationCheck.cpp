@@ -3,6 +3,8 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
 
+#include <cstring>
+
 namespace graphtrees {
 
 namespace {
@@ -19,11 +21,12 @@ InputMutationCheck::InputMutationCheck(const std::vector<at::Tensor>& tensors,
   versions_.reserve(which_.size());
   for (int64_t i : which_) {
     versions_.push_back(versionOf(tensors_[i]));
-    if (tensors_[i].is_inference()) {
-      unversioned_.emplace(tensors_[i].storage().unsafeGetStorageImpl(), i);
-    }
+    if (!tensors_[i].has_storage()) continue;
+    const c10::StorageImpl* storage = tensors_[i].storage().unsafeGetStorageImpl();
+    if (tensors_[i].is_inference()) unversioned_.emplace(storage, i);
+    watched_.emplace(storage, i);
   }
-  if (unversioned_.empty()) return;
+  if (watched_.empty()) return;
   enabled_.emplace(true);  // observe even where RecordFunction is switched off
   handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&InputMutationCheck::onStart)
                                            .needsInputs(true)
@@ -54,31 +57,56 @@ std::unique_ptr<at::ObserverContext> InputMutationCheck::onStart(const at::Recor
   return nullptr;
 }
 
+namespace {
+// c10d's in-place collectives: "c10d::allreduce_", "c10d::broadcast_", "c10d::_allgather_base_"...
+bool isInPlaceCollective(const char* name) {
+  const size_t n = std::strlen(name);
+  return n > 7 && std::strncmp(name, "c10d::", 6) == 0 && name[n - 1] == '_';
+}
+}  // namespace
+
 void InputMutationCheck::check(const at::RecordFunction& fn) {
   if (watched_mutation_ >= 0) return;
+  const bool collective = isInPlaceCollective(fn.name());
+  if (!collective && unversioned_.empty()) return;
   const auto schema = fn.operator_schema();
   if (!schema) return;
   const auto inputs = fn.inputs();
   const auto& args = schema->arguments();
+  const auto& among = collective ? watched_ : unversioned_;
   auto written = [&](const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return false;
-    auto it = unversioned_.find(t.storage().unsafeGetStorageImpl());
-    if (it == unversioned_.end()) return false;
+    auto it = among.find(t.storage().unsafeGetStorageImpl());
+    if (it == among.end()) return false;
     watched_mutation_ = it->second;
     op_ = fn.name();
     return true;
   };
+  auto anyWritten = [&](const c10::IValue& v) {
+    if (v.isTensor()) return written(v.toTensor());
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        if (written(t)) return true;
+      }
+    } else if (v.isList()) {  // Tensor[][] (allgather_'s outputs)
+      for (const c10::IValue& inner : v.toListRef()) {
+        if (inner.isTensorList()) {
+          for (const at::Tensor& t : inner.toTensorVector()) {
+            if (written(t)) return true;
+          }
+        }
+      }
+    }
+    return false;
+  };
+  if (collective) {  // the first argument is what it writes
+    if (!inputs.empty()) anyWritten(inputs[0]);
+    return;
+  }
   for (size_t i = 0; i < args.size() && i < inputs.size(); ++i) {
     const auto* alias = args[i].alias_info();
     if (alias == nullptr || !alias->isWrite()) continue;
-    const c10::IValue& v = inputs[i];
-    if (v.isTensor()) {
-      if (written(v.toTensor())) return;
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        if (written(t)) return;
-      }
-    }
+    if (anyWritten(inputs[i])) return;
   }
 }
 

@@ -3,7 +3,9 @@
 // Which of a function's inputs one run mutates in place. Version counters tell for ordinary
 // tensors; tensors made under torch.inference_mode() have none, so for them the check watches,
 // on the calling thread and while it lives, for ops whose schema writes to their storage (an
-// argument annotated `Tensor(a!)`).
+// argument annotated `Tensor(a!)`). In-place collectives (c10d::allreduce_ and the other
+// `c10d::*_` ops) write their first argument without a version bump or a write annotation: they
+// are watched for every input.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
@@ -37,6 +39,7 @@ class InputMutationCheck {
   std::vector<int64_t> which_;
   std::vector<int64_t> versions_;  // -1 for inference tensors
   std::unordered_map<const c10::StorageImpl*, int64_t> unversioned_;
+  std::unordered_map<const c10::StorageImpl*, int64_t> watched_;  // every input, for collectives
   int64_t watched_mutation_ = -1;
   std::string op_;
   InputMutationCheck* prev_ = nullptr;

@@ -216,7 +216,8 @@ CallResult TreeManager::call(FunctionRecord& fn, const std::vector<at::Tensor>& 
 // each backward output until the node runs again or the step ends, so autograd copies gradients
 // into .grad, as it does for any gradient it cannot steal.
 void TreeManager::finishRun(FunctionRecord& fn, const CallResult& result) {
-  if (fn.mode == FunctionMode::kForward) {
+  // A forward that ran eagerly saved nothing in the pool: no backward waits on this path.
+  if (fn.mode == FunctionMode::kForward && result.kind != RunKind::kEager) {
     pending_forwards_++;
   } else if (fn.mode == FunctionMode::kBackward) {
     pending_forwards_ = std::max<int64_t>(0, pending_forwards_ - 1);
@@ -447,6 +448,29 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
   return true;
 }
 
+// A rejected recording that ran to its end on the CPU emulation computed the call's results: they
+// are moved out of the pool and returned, rather than running the function a second time (its
+// side effects, a collective among them, would happen twice; on one rank only, ranks would fall
+// out of step). Not when a result is a placeholder of a copied input: eagerly it would have been
+// the caller's own tensor.
+bool TreeManager::keepRejectedResults(Recording* rec) {
+  std::unordered_set<const c10::StorageImpl*> placeholders;
+  for (int64_t i : rec->copied)
+    placeholders.insert(rec->inputs[i].storage().unsafeGetStorageImpl());
+  for (const auto& t : rec->outputs) {
+    if (t.has_storage() && placeholders.count(t.storage().unsafeGetStorageImpl())) return false;
+  }
+  rec->inputs.clear();  // the placeholders go back to the pool
+  for (auto& t : rec->outputs) {
+    if (!t.has_storage()) continue;
+    c10::StorageImpl& storage = *t.storage().unsafeGetStorageImpl();
+    if (storage.nbytes() > 0 && backend_->inPool(storage.data()) && !live_.contains(&storage)) {
+      live_.moveOutOfPool(storage);
+    }
+  }
+  return true;
+}
+
 void TreeManager::noteFallback(FunctionRecord& fn, const std::string& reason) {
   num_fallbacks_++;
   // Once per callable and reason (its signatures share the base name before '#').
@@ -548,15 +572,23 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   }
   int64_t mutated = -1;
   std::string mutating_op;
+  std::optional<InputMutationCheck> mutations;
   try {
-    InputMutationCheck mutations(rec.inputs, rec.copied);
+    mutations.emplace(rec.inputs, rec.copied);
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     rec.graph = backend_->capture(run, rec.inputs, &rec.outputs, fn.name);
-    mutated = mutations.firstMutated(&mutating_op);
+    mutated = mutations->firstMutated(&mutating_op);
   } catch (const CaptureRejected& e) {
     // The backend undid the capture; the tree is as it was. See Note [Rejected captures].
     fn.eager_reason = std::string("it cannot be recorded as a graph: ") + e.what();
+    const bool keep = e.ran() && mutations->firstMutated(&mutating_op) < 0;
+    mutations.reset();
+    if (keep && keepRejectedResults(&rec)) {
+      noteFallback(fn, fn.eager_reason);
+      return {std::move(rec.outputs), RunKind::kEager};
+    }
+    rec = Recording();
     return runEager(fn, inputs, run, fn.eager_reason);
   } catch (const c10::OutOfMemoryError& e) {
     rec = Recording();

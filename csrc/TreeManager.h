@@ -160,6 +160,9 @@ class TreeManager {
   void noteGenerationRun(FunctionRecord& fn);
   void finishRun(FunctionRecord& fn, const CallResult& result);
   void removeNode(TreeNode* node, const std::string& why);
+  // After a CaptureRejected that ran: moves the results out of the pool; false (nothing moved)
+  // when one of them is a placeholder.
+  bool keepRejectedResults(Recording* rec);
   // Note [Out of memory].
   CallResult outOfMemory(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                          const RunFn& run, const char* during, const std::string& what);

@@ -281,6 +281,30 @@ def collectives_in_place_on_a_static_buffer(rank, world_size, steps=6):
     return dict(tree=_summary(graphtrees.tree_info("cpu")), steps=steps)
 
 
+def collectives_in_place_on_a_copied_input(rank, world_size, steps=4):
+    """all_reduce(x) in place on a copied input: a graph would reduce graphtrees' private copy of
+    x, so the warmup's watch for in-place collectives makes the function run eagerly, and every
+    call reduces the caller's own x, as eager execution does."""
+    import torch
+    import torch.distributed as dist
+
+    import graphtrees
+
+    def step_fn(x):
+        dist.all_reduce(x)
+        return x * 2
+
+    f = graphtrees.cudagraphify(step_fn)
+    with torch.no_grad():
+        for step in range(steps):
+            x = torch.full((3,), float(step + rank))
+            y = f(x)
+            expected = sum(float(step + r) for r in range(world_size))
+            assert torch.equal(x, torch.full((3,), expected)), (step, x)
+            assert torch.equal(y, torch.full((3,), 2 * expected)), (step, y)
+    return dict(tree=_summary(graphtrees.tree_info("cpu")), steps=steps)
+
+
 def collectives_with_eager_rank(rank, world_size, steps=6):
     """Rank 1 runs the wrapped function eagerly (grad mode on and an input that requires grad)
     while rank 0 graphs it: each call still runs the collective once on each rank, so the ranks
@@ -312,11 +336,11 @@ def collectives_with_eager_rank(rank, world_size, steps=6):
 
 
 def collectives_rejected_capture(rank, world_size, steps=4):
-    """Every rank's function reads a value on the host after its all-reduce, so its recording is
-    rejected. The rejected recording has already run the function (the CPU emulation executes
-    what it records), and the call then runs it eagerly: that call all-reduces twice. Every rank
-    does the same, so the ranks stay in step; README's Distributed section says why a rank
-    alone must not do this."""
+    """Rank 1's function reads a value on the host after its all-reduce, so its recording is
+    rejected there only, while rank 0 records and replays. The rejected recording has already
+    run the function for real (the CPU emulation executes what it records): its results are
+    returned rather than running it again, so every call all-reduces once on every rank and the
+    ranks stay in step."""
     import torch
     import torch.distributed as dist
 
@@ -328,7 +352,8 @@ def collectives_rejected_capture(rank, world_size, steps=4):
         calls[0] += 1
         y = x + 1
         dist.all_reduce(y)
-        y.sum().item()  # a host read: a CUDA graph capture would fail here
+        if rank == 1:
+            y.sum().item()  # a host read: a CUDA graph capture would fail here
         return y
 
     f = graphtrees.cudagraphify(step_fn)
@@ -410,6 +435,7 @@ CASES = {
     "ddp_training": ddp_training,
     "collectives": collectives,
     "collectives_in_place_on_a_static_buffer": collectives_in_place_on_a_static_buffer,
+    "collectives_in_place_on_a_copied_input": collectives_in_place_on_a_copied_input,
     "collectives_with_eager_rank": collectives_with_eager_rank,
     "collectives_rejected_capture": collectives_rejected_capture,
     "fsdp2_training": fsdp2_training,

@@ -496,3 +496,23 @@ def test_training_after_an_eager_graph_replays_every_step(device, caplog):
     assert len({n["function"].split(".")[0] for n in nodes} - eager) == 1  # the second graph
     assert sorted(n["function"].split(".")[1] for n in nodes) == ["backward", "forward"]
     assert all(n["replays"] == steps - 2 for n in nodes), nodes
+
+
+def test_a_forward_that_turned_eager_does_not_hold_the_step_open(device):
+    # A forward whose parameter moves every step re-records until rerecord_limit, then runs
+    # eagerly. An eager forward saved nothing in the pool, so no backward waits for it: each
+    # step still starts a new path instead of growing one path for 64 runs.
+    torch.manual_seed(0)
+    model = _mlp(device)
+    compiled = graphtrees.compile(model, inner="aot_eager", rerecord_limit=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(24):
+        model[0].weight.data = model[0].weight.data.clone()  # a new address every step
+        x = torch.randn(4, 8, device=device)
+        opt.zero_grad()
+        compiled(x).pow(2).mean().backward()
+        opt.step()
+    t = info(device)
+    assert t["generation"] >= 20
+    # The recordings made before the forward turned eager, not one more per step (24 steps).
+    assert t["num_nodes"] <= 8 and not t["pending_backward"]

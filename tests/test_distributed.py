@@ -178,12 +178,13 @@ def test_ddp_training_with_the_registered_backend_and_inductor():
 
 
 COLLECTIVE_CASES = ("collectives", "collectives_in_place_on_a_static_buffer",
-                    "collectives_with_eager_rank", "collectives_rejected_capture")
+                    "collectives_in_place_on_a_copied_input", "collectives_with_eager_rank",
+                    "collectives_rejected_capture")
 
 
 @pytest.fixture(scope="module")
 def collective_runs():
-    # The four cases in the same two processes, one after the other.
+    # The cases in the same two processes, one after the other.
     return dict(zip(COLLECTIVE_CASES, run_ranks(*[(case, {}) for case in COLLECTIVE_CASES])))
 
 
@@ -212,6 +213,16 @@ def test_an_in_place_collective_on_a_static_buffer_updates_it_at_every_replay(co
         assert tree["nodes"][0]["input_kinds"] == "SC"  # the buffer static, x copied
 
 
+def test_an_in_place_collective_on_a_copied_input_runs_eagerly(collective_runs):
+    for result in collective_runs["collectives_in_place_on_a_copied_input"]:
+        tree = result["tree"]
+        # Each rank checked that its own x was reduced at every call; the warmup that found the
+        # mutation counts as a fallback too.
+        assert tree["num_nodes"] == 0 and tree["num_fallbacks"] == result["steps"]
+        assert any("mutates its input tensor #0 in place (c10d::allreduce_)" in w
+                   for w in _warnings(result))
+
+
 def test_a_rank_that_runs_eagerly_stays_in_step(collective_runs):
     graphed, eager = collective_runs["collectives_with_eager_rank"]
     assert graphed["tree"]["num_replays"] == graphed["steps"] - 2
@@ -222,16 +233,16 @@ def test_a_rank_that_runs_eagerly_stays_in_step(collective_runs):
     assert graphed["calls"] == graphed["steps"] and eager["calls"] == eager["steps"]
 
 
-def test_a_rejected_recording_runs_the_collective_twice_on_every_rank(collective_runs):
-    ranks = collective_runs["collectives_rejected_capture"]
-    for result in ranks:
-        tree, steps = result["tree"], result["steps"]
-        assert tree["num_nodes"] == 0 and tree["num_fallbacks"] == steps - 1
-        assert any("reads tensor values on the host" in w and "aten::item" in w
-                   for w in _warnings(result))
-        # The rejected recording ran the function once before it ran eagerly: one run more
-        # than calls. It is the same on both ranks, so their all-reduces still pair up.
-        assert result["calls"] == steps + 1
+def test_a_rank_whose_recording_is_rejected_stays_in_step(collective_runs):
+    graphed, rejected = collective_runs["collectives_rejected_capture"]
+    assert graphed["tree"]["num_replays"] == graphed["steps"] - 2
+    assert rejected["tree"]["num_nodes"] == 0
+    assert rejected["tree"]["num_fallbacks"] == rejected["steps"] - 1
+    assert any("reads tensor values on the host" in w and "aten::item" in w
+               for w in _warnings(rejected))
+    # The rejected recording's results were returned, not recomputed: one run, hence one
+    # all-reduce, per call on both ranks (the values each rank checked agree).
+    assert graphed["calls"] == graphed["steps"] and rejected["calls"] == rejected["steps"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,3 +269,39 @@ def test_fsdp2_training_runs_fsdp_graphs_eagerly_with_the_reason_and_equals_eage
         assert len({name.split(".")[0] for name in names} - units) == 1
         assert sorted(name.split(".")[1] for name in names) == ["backward", "forward"]
         assert all(n["replays"] == steps - 2 for n in tree["nodes"]), tree["nodes"]
+
+
+# ---------------------------------------------------------------------------------------------
+# One process, a one-rank gloo group: what the capture checks make of collectives
+
+
+def test_a_barrier_rejects_the_recording(tmp_path, caplog):
+    # NCCL's barrier blocks the host, so a CUDA capture of it fails: the CPU emulation rejects it
+    # the same way (and does not run it twice in that call).
+    import logging
+
+    import torch
+    import torch.distributed as dist
+
+    import graphtrees
+
+    caplog.set_level(logging.WARNING, logger="graphtrees")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        runs = []
+
+        def f(x):
+            runs.append(1)
+            dist.barrier()
+            return x + 1
+
+        g = graphtrees.cudagraphify(f)
+        with torch.no_grad():
+            for i in range(4):
+                torch.testing.assert_close(g(torch.full((2,), float(i))),
+                                           torch.full((2,), float(i + 1)))
+        assert len(runs) == 4
+        assert "torch.distributed.barrier()" in caplog.text
+        assert graphtrees.tree_info("cpu")["num_nodes"] == 0
+    finally:
+        dist.destroy_process_group()

@@ -338,3 +338,43 @@ def test_conv_net_with_onednn_replays(device):
             x = torch.randn(2, 4, 32, 32, device=device)
             torch.testing.assert_close(f(x), m(x))
     assert info(device)["num_replays"] == 2
+
+
+def test_a_rejected_recording_runs_the_function_once_in_its_call():
+    # The CPU emulation runs the function for real while it records: when the recording is
+    # rejected, its results are returned instead of running the function a second time (side
+    # effects such as a collective must happen once per call). CPU only: a CUDA capture stops at
+    # the host read.
+    runs = []
+
+    def f(x):
+        runs.append(1)
+        y = x * 2
+        if y.sum() > 1e9:  # bool() of a tensor: a host read
+            y = y * 0
+        return y + 1, y
+
+    g = cudagraphify(f)
+    for i in range(5):
+        x = torch.full((4,), float(i))
+        a, b = g(x)
+        torch.testing.assert_close(a, x * 2 + 1)
+        torch.testing.assert_close(b, x * 2)
+        assert len(runs) == i + 1
+    assert info("cpu")["num_nodes"] == 0
+    assert_invariants("cpu")
+
+
+def test_a_rejected_recording_whose_result_is_its_input_runs_again():
+    # A result that is the recording's copy of an input must be the caller's own tensor, as in
+    # eager mode: that call runs the function again, eagerly.
+    def f(x):
+        if x.sum() > 1e9:
+            return x * 0
+        return x
+
+    g = cudagraphify(f)
+    for _ in range(3):
+        x = torch.ones(4)
+        assert g(x).data_ptr() == x.data_ptr()
+    assert_invariants("cpu")
