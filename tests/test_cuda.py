@@ -275,3 +275,54 @@ def test_memory_budget_refuses_growth_and_restores_the_memory_fraction(tree_logs
     torch.testing.assert_close(small(x), x + 1)  # the tree still replays
     graphtrees.set_memory_budget("cuda", None)
     assert_invariants("cuda")
+
+
+def _one_rank_group(tmp_path, backend):
+    import torch.distributed as dist
+
+    kwargs = {"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}
+    dist.init_process_group(backend, init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1, **kwargs)
+    return dist
+
+
+def _double_all_reduce_plus_one(x):
+    import torch.distributed as dist
+
+    y = x * 2
+    dist.all_reduce(y)  # one rank: the sum is the value
+    return y + 1
+
+
+def test_nccl_all_reduce_is_captured_and_replayed(tmp_path):
+    # README "Distributed": NCCL collectives can be captured; the group exists (and its
+    # communicator, through device_id) before the recording, and the warmup runs the first one.
+    dist = _one_rank_group(tmp_path, "nccl")
+    try:
+        g = cudagraphify(_double_all_reduce_plus_one)
+        for i in range(5):
+            x = torch.full((16,), float(i), device="cuda")
+            torch.testing.assert_close(g(x), x * 2 + 1)
+        t = info("cuda")
+        assert t["num_replays"] == 3 and t["num_fallbacks"] == 0
+        assert t["backend"] == "cuda-graphs"
+    finally:
+        dist.destroy_process_group()
+    assert_invariants("cuda")
+
+
+def test_gloo_on_cuda_tensors_runs_eagerly_with_the_reason(tmp_path, tree_logs):
+    # gloo copies CUDA tensors to the host and synchronises: the capture fails, the function runs
+    # eagerly from then on, and the result is right.
+    dist = _one_rank_group(tmp_path, "gloo")
+    try:
+        g = cudagraphify(_double_all_reduce_plus_one)
+        for i in range(4):
+            x = torch.full((16,), float(i), device="cuda")
+            torch.testing.assert_close(g(x), x * 2 + 1)
+        t = info("cuda")
+        assert t["num_nodes"] == 0 and t["num_fallbacks"] >= 2
+        assert "it cannot be recorded as a graph" in tree_logs.text
+    finally:
+        dist.destroy_process_group()
+    assert_invariants("cuda")
