@@ -145,6 +145,24 @@ void LiveOutputs::moveOutOfPool(c10::StorageImpl& storage) {
   migrate(e, storage);
 }
 
+bool LiveOutputs::moveResultsOutOfPool(const std::vector<at::Tensor>& results,
+                                       const std::vector<at::Tensor>& inputs,
+                                       const std::vector<int64_t>& copied) {
+  std::unordered_set<const c10::StorageImpl*> placeholders;
+  for (int64_t i : copied) placeholders.insert(inputs[i].storage().unsafeGetStorageImpl());
+  for (const auto& t : results) {
+    if (t.has_storage() && placeholders.count(t.storage().unsafeGetStorageImpl())) return false;
+  }
+  for (const auto& t : results) {
+    if (!t.has_storage()) continue;
+    c10::StorageImpl& storage = *t.storage().unsafeGetStorageImpl();
+    if (storage.nbytes() > 0 && backend_.inPool(storage.data()) && !contains(&storage)) {
+      moveOutOfPool(storage);
+    }
+  }
+  return true;
+}
+
 void LiveOutputs::invalidate(const LiveOutput& e, c10::StorageImpl& storage,
                              const std::string& why) {
   if (e.copy_on_overwrite && e.nbytes > 0) {

@@ -135,6 +135,12 @@ class LiveOutputs {
   // contents (state a warmup created and kept; Note [Kept state]); frees its pool block if it
   // owned one.
   void moveOutOfPool(c10::StorageImpl& storage);
+  // The results of a run that the tree hands out untracked (a rejected CPU recording's): moves
+  // their pool storages out of the pool. False, moving nothing, when one of them is the storage of
+  // `inputs[i]` for an i in `copied` (a placeholder: eagerly it would be the caller's tensor).
+  bool moveResultsOutOfPool(const std::vector<at::Tensor>& results,
+                            const std::vector<at::Tensor>& inputs,
+                            const std::vector<int64_t>& copied);
 
   // Invalidates every live output (the tree is freed) and forgets everything.
   void invalidateAll(const std::string& why);

@@ -131,6 +131,12 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
                                    "'); checkpoints so far: " + std::to_string(restores_));
 }
 
+int64_t PoolBookkeeping::releaseUnneededSegments(const TreeNode& root) {
+  const int64_t freed = backend_.releaseFreeSegments(checkpointsBelow(root));
+  bytes_released_ += freed;
+  return freed;
+}
+
 // Note [Kept state]
 // A warmup may create tensors and keep them without returning them: a cache or buffer a module
 // creates lazily on its first call (transformers' StaticCache does). They were allocated in the

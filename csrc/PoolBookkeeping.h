@@ -48,6 +48,11 @@ class PoolBookkeeping {
   // of the pool (Note [Kept state] in PoolBookkeeping.cpp).
   void moveKeptStateOutOfPool(const std::string& function_name);
 
+  // Returns the pool's free segments that no checkpoint of a node below `root` includes (Note
+  // [Memory budget] in Backend.h); the bytes freed.
+  int64_t releaseUnneededSegments(const TreeNode& root);
+  int64_t bytesReleased() const { return bytes_released_; }
+
   int64_t restores() const { return restores_; }
   // Pool bytes a restore that failed half-way left unreachable.
   int64_t leakedBytes() const { return leaked_bytes_; }
@@ -63,6 +68,7 @@ class PoolBookkeeping {
   bool stale_ = false;
   int64_t restores_ = 0;
   int64_t leaked_bytes_ = 0;
+  int64_t bytes_released_ = 0;
 };
 
 }  // namespace graphtrees

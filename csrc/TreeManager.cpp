@@ -362,25 +362,12 @@ CallResult TreeManager::outOfMemory(FunctionRecord& fn, const std::vector<at::Te
                                     const RunFn& run, const char* during, const std::string& what) {
   num_oom_++;
   FunctionState& st = stateOf(fn);
-  st.oom_at_evictions = num_evictions_;       // an eviction from here on makes room for a retry
-  int64_t freed = releaseUnneededSegments();  // what the failed run added
-  std::string evicted;
-  if (budget_ >= 0) {
-    // The bytes the pool lacked, when the backend can tell; otherwise any bytes freed will do.
-    const int64_t refused = backend_->refusedBytes();
-    const int64_t need =
-        refused > 0 ? std::max<int64_t>(1, backend_->stats().reserved_bytes + refused - budget_)
-                    : 0;
-    // The call's own inputs stay valid: their producers are kept, with the current path.
-    std::vector<const TreeNode*> keep(path_.begin(), path_.end());
-    for (const auto& t : inputs) {
-      const LiveOutput* e = live_.find(t.storage().unsafeGetStorageImpl());
-      if (e != nullptr && e->node != nullptr) keep.push_back(e->node);
-    }
-    freed += evictForMemory(need, keep, &evicted);
-  }
+  st.oom_at_evictions = num_evictions_;  // an eviction from here on makes room for a retry
+  int64_t freed = bookkeeping_.releaseUnneededSegments(root_);  // what the failed run added
   st.oom_reason = std::string("it ran out of memory while ") + during + " (" + what + ")";
   if (budget_ >= 0) {
+    std::string evicted;
+    freed += evictForMemory(inputs, &evicted);
     st.oom_reason += evicted.empty() ? "; no recording off the current path (nor one whose outputs "
                                        "this call reads) was left to evict"
                                      : "; evicted " + evicted + " (" + bytesString(freed) +
@@ -389,8 +376,17 @@ CallResult TreeManager::outOfMemory(FunctionRecord& fn, const std::vector<at::Te
   return runEager(fn, inputs, run, st.oom_reason);
 }
 
-int64_t TreeManager::evictForMemory(int64_t need, const std::vector<const TreeNode*>& keep,
-                                    std::string* evicted) {
+int64_t TreeManager::evictForMemory(const std::vector<at::Tensor>& inputs, std::string* evicted) {
+  // The bytes the pool lacked, when the backend can tell; otherwise any bytes freed will do.
+  const int64_t refused = backend_->refusedBytes();
+  const int64_t need =
+      refused > 0 ? std::max<int64_t>(1, backend_->stats().reserved_bytes + refused - budget_) : 0;
+  // The call's own inputs stay valid: their producers are kept, with the current path.
+  std::vector<const TreeNode*> keep(path_.begin(), path_.end());
+  for (const auto& t : inputs) {
+    const LiveOutput* e = live_.find(t.storage().unsafeGetStorageImpl());
+    if (e != nullptr && e->node != nullptr) keep.push_back(e->node);
+  }
   int64_t freed = 0;
   while (TreeNode* victim = leastRecentlyUsedExcept(root_, keep)) {
     const std::string what = "node " + std::to_string(victim->id()) + " ('" +
@@ -398,7 +394,7 @@ int64_t TreeManager::evictForMemory(int64_t need, const std::vector<const TreeNo
                              " written)";
     removeNode(victim, "its recording was evicted to stay within the memory budget");
     num_evictions_++;
-    const int64_t released = releaseUnneededSegments();
+    const int64_t released = bookkeeping_.releaseUnneededSegments(root_);
     freed += released;
     logMessage(LogLevel::kInfo, "evicted " + what + " to stay within the memory budget of " +
                                     backend_->device().str() + " (" + bytesString(budget_) + "); " +
@@ -407,17 +403,6 @@ int64_t TreeManager::evictForMemory(int64_t need, const std::vector<const TreeNo
     if (need > 0 ? freed >= need : freed > 0) break;
   }
   return freed;
-}
-
-int64_t TreeManager::releaseUnneededSegments() {
-  const int64_t freed = backend_->releaseFreeSegments(checkpointsBelow(root_));
-  bytes_released_ += freed;
-  return freed;
-}
-
-void TreeManager::setMemoryBudget(int64_t bytes) {
-  budget_ = bytes;
-  backend_->setReservedLimit(bytes);
 }
 
 bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
@@ -445,29 +430,6 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
   }
   pinned_by_warmup_function_.erase(function_id);
   num_evictions_++;
-  return true;
-}
-
-// A rejected recording that ran to its end on the CPU emulation computed the call's results: they
-// are moved out of the pool and returned, rather than running the function a second time (its
-// side effects, a collective among them, would happen twice; on one rank only, ranks would fall
-// out of step). Not when a result is a placeholder of a copied input: eagerly it would have been
-// the caller's own tensor.
-bool TreeManager::keepRejectedResults(Recording* rec) {
-  std::unordered_set<const c10::StorageImpl*> placeholders;
-  for (int64_t i : rec->copied)
-    placeholders.insert(rec->inputs[i].storage().unsafeGetStorageImpl());
-  for (const auto& t : rec->outputs) {
-    if (t.has_storage() && placeholders.count(t.storage().unsafeGetStorageImpl())) return false;
-  }
-  rec->inputs.clear();  // the placeholders go back to the pool
-  for (auto& t : rec->outputs) {
-    if (!t.has_storage()) continue;
-    c10::StorageImpl& storage = *t.storage().unsafeGetStorageImpl();
-    if (storage.nbytes() > 0 && backend_->inPool(storage.data()) && !live_.contains(&storage)) {
-      live_.moveOutOfPool(storage);
-    }
-  }
   return true;
 }
 
@@ -582,9 +544,12 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   } catch (const CaptureRejected& e) {
     // The backend undid the capture; the tree is as it was. See Note [Rejected captures].
     fn.eager_reason = std::string("it cannot be recorded as a graph: ") + e.what();
+    // A rejected recording that ran to its end (the CPU emulation) computed the call's results:
+    // they are returned rather than running the function again, whose side effects (a
+    // collective, on one rank only) would happen twice -- unless the run mutated an input.
     const bool keep = e.ran() && mutations->firstMutated(&mutating_op) < 0;
     mutations.reset();
-    if (keep && keepRejectedResults(&rec)) {
+    if (keep && live_.moveResultsOutOfPool(rec.outputs, rec.inputs, rec.copied)) {
       noteFallback(fn, fn.eager_reason);
       return {std::move(rec.outputs), RunKind::kEager};
     }
@@ -714,7 +679,7 @@ TreeInfo TreeManager::snapshot() {
   t.num_invalidations = live_.invalidations();
   t.num_evictions = num_evictions_;
   t.num_out_of_memory = num_oom_;
-  t.bytes_released = bytes_released_;
+  t.bytes_released = bookkeeping_.bytesReleased();
   t.memory_budget = budget_;
   t.num_migrations = live_.migrations();
   t.pending_backward = pending_forwards_ > 0;

@@ -123,7 +123,10 @@ class TreeManager {
   int64_t liveOutputs();
   std::string backendName() const { return backend_->name(); }
   // Note [Memory budget] in Backend.h; -1: none.
-  void setMemoryBudget(int64_t bytes);
+  void setMemoryBudget(int64_t bytes) {
+    budget_ = bytes;
+    backend_->setReservedLimit(bytes);
+  }
   int64_t memoryBudget() const { return budget_; }
 
   // Pool bytes a restore that failed half-way left unreachable (Note [Failed restores]).
@@ -160,19 +163,13 @@ class TreeManager {
   void noteGenerationRun(FunctionRecord& fn);
   void finishRun(FunctionRecord& fn, const CallResult& result);
   void removeNode(TreeNode* node, const std::string& why);
-  // After a CaptureRejected that ran: moves the results out of the pool; false (nothing moved)
-  // when one of them is a placeholder.
-  bool keepRejectedResults(Recording* rec);
   // Note [Out of memory].
   CallResult outOfMemory(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                          const RunFn& run, const char* during, const std::string& what);
-  // Evicts recordings other than `keep` and their ancestors, least recently used first, until
-  // releasing segments freed `need` bytes (any bytes when `need` is 0) or none is left; returns
-  // the bytes freed.
-  int64_t evictForMemory(int64_t need, const std::vector<const TreeNode*>& keep,
-                         std::string* evicted);
-  // Returns the pool's free segments that no node's checkpoint needs; the bytes freed.
-  int64_t releaseUnneededSegments();
+  // Evicts recordings off the current path that produced none of `inputs`, least recently used
+  // first, until the segments released cover what the pool lacked (any bytes when the backend
+  // cannot tell) or none is left; returns the bytes released.
+  int64_t evictForMemory(const std::vector<at::Tensor>& inputs, std::string* evicted);
 
   std::unique_ptr<Backend> backend_;
   const int64_t serial_;  // unique over the process's life (FunctionRecord::state_tree)
@@ -209,8 +206,7 @@ class TreeManager {
   int64_t num_recordings_ = 0;
   int64_t num_replays_ = 0;
   int64_t num_evictions_ = 0;
-  int64_t num_oom_ = 0;         // warmups and recordings that ran out of memory
-  int64_t bytes_released_ = 0;  // segments returned to the device after evictions and OOMs
+  int64_t num_oom_ = 0;  // warmups and recordings that ran out of memory
   int64_t num_nodes_ = 0;
 };
 
