@@ -19,13 +19,13 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 
 import torch
 
 import graphtrees
+from bench_cpu import per_call_us  # benchmarks/ is the script's directory, first on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUCKETS = sorted({1, 2, 4, 8, 16, 32, 64} | set(range(8, 65, 8)))
@@ -37,17 +37,6 @@ def block():
     layer = torch.nn.TransformerEncoderLayer(D_MODEL, nhead=4, dim_feedforward=256,
                                              batch_first=True, dropout=0.0)
     return layer.eval()
-
-
-def per_call_us(fn, iters, repeats=7):
-    """Median over `repeats` of the mean wall time per call, in microseconds."""
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(samples)
 
 
 def reserved():

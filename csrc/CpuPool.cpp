@@ -265,7 +265,7 @@ RestoreResult CpuPool::restore(const Checkpoint& checkpoint) {
   for (const auto& seg_state : state->segments) {
     Segment* seg = segments_.at(seg_state.base).get();
     // After freeing everything the segment is one free block.
-    TORCH_INTERNAL_ASSERT(seg->head && !seg->head->next && !seg->head->allocated);
+    TORCH_INTERNAL_ASSERT(entirelyFree(*seg));
     freeSet(seg->small).erase(seg->head);
     delete seg->head;
     num_blocks_ -= 1;

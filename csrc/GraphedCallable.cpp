@@ -416,11 +416,15 @@ py::list GraphedCallable::signatures() const {
   py::list out;
   for (const auto& kv : signatures_) {
     const FunctionRecord& r = kv.second->record;
+    // Warmups and re-records are per tree: the calling thread's.
+    const FunctionState* state = nullptr;
+    TreeRegistry::Handle tree = TreeRegistry::acquire(kv.second->device, /*create=*/false);
+    if (tree) state = tree->functionState(r.id);
     py::dict d;
     d["function_id"] = r.id;
     d["name"] = r.name;
-    d["warmups"] = r.warmups;
-    d["rerecords"] = r.rerecords;
+    d["warmups"] = state ? state->warmups : 0;
+    d["rerecords"] = state ? state->rerecords : 0;
     d["eager_reason"] = r.eager_reason.empty() ? py::object(py::none()) : py::str(r.eager_reason);
     out.append(d);
   }

@@ -85,8 +85,6 @@ FunctionState& TreeManager::stateOf(FunctionRecord& fn) {
     fn.state = &functions_[fn.id];
     fn.callable_state = &callables_[fn.callable_id];
     fn.state_tree = serial_;
-    fn.warmups = fn.state->warmups;
-    fn.rerecords = fn.state->rerecords;
   }
   return *fn.state;
 }
@@ -327,7 +325,7 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
   }
   CallResult result = record(fn, inputs, run, key);
   if (rerecord && result.kind == RunKind::kRecord) {  // counted once it succeeded
-    fn.rerecords = ++st.rerecords;
+    st.rerecords++;
     num_rerecords_++;
   }
   return result;
@@ -486,11 +484,11 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     live_.track(t.storage(), live_.newSlot(), nullptr, fn.name, copyOnOverwrite(fn), generation_);
   }
   bookkeeping_.moveKeptStateOutOfPool(fn.name);  // Note [Kept state]
-  fn.warmups = ++stateOf(fn).warmups;
+  const int warmups = ++stateOf(fn).warmups;
   num_warmups_++;
   state_ = PathState::kWarmup;
   noteGenerationRun(fn);
-  logMessage(LogLevel::kDebug, "warmed up '" + fn.name + "' (" + std::to_string(fn.warmups) + "/" +
+  logMessage(LogLevel::kDebug, "warmed up '" + fn.name + "' (" + std::to_string(warmups) + "/" +
                                    std::to_string(fn.warmup_iters) + ")");
   return {std::move(outs), RunKind::kWarmup};
 }

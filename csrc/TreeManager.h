@@ -63,9 +63,6 @@ struct FunctionRecord {
   // Why the function runs eagerly from now on; empty while it is graphed.
   std::string eager_reason;
   int64_t replays = 0;  // over its life, in every tree: GraphedCallable's eviction policy
-  // For introspection: warmups and re-records in the tree that ran it last.
-  int warmups = 0;
-  int rerecords = 0;
 
   // The tree that ran it last (its serial) and this record's state there: a cache of the
   // tree's own maps, so that a call costs no lookup when one thread runs the function.
@@ -116,6 +113,11 @@ class TreeManager {
   bool checkPoolInvariants(std::string* why);
   c10::Device device() const { return backend_->device(); }
   int64_t owner() const { return owner_; }
+  // This tree's state of function `function_id`, or nullptr if it never ran here.
+  const FunctionState* functionState(int64_t function_id) const {
+    auto it = functions_.find(function_id);
+    return it == functions_.end() ? nullptr : &it->second;
+  }
   const StepCounter& steps() const { return steps_; }
   // Whether any of `tensors` is a live output of this tree.
   bool producedAny(const std::vector<at::Tensor>& tensors);

@@ -78,6 +78,17 @@ void sweepOrphans() {
   for (auto& t : keep) r.orphans.push_back(std::move(t));
 }
 
+// The trees of `device`, but for that of thread `except` (none when -1).
+std::vector<std::shared_ptr<TreeManager>> treesOf(c10::Device device, int64_t except = -1) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::shared_ptr<TreeManager>> out;
+  for (const auto& kv : r.trees) {
+    if (std::get<0>(kv.first) != except && sameDevice(kv.first, device)) out.push_back(kv.second);
+  }
+  return out;
+}
+
 void onThreadExit(int64_t thread) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -152,17 +163,7 @@ std::shared_ptr<TreeManager> TreeRegistry::find(c10::Device device, std::string*
                                                 const std::vector<at::Tensor>* produced_by) {
   const int64_t me = threadId();
   if (produced_by != nullptr) {
-    std::vector<std::shared_ptr<TreeManager>> others;
-    {
-      Registry& r = registry();
-      std::lock_guard<std::mutex> lock(r.mutex);
-      for (const auto& kv : r.trees) {
-        if (std::get<0>(kv.first) != me && sameDevice(kv.first, device)) {
-          others.push_back(kv.second);
-        }
-      }
-    }
-    for (auto& tree : others) {
+    for (auto& tree : treesOf(device, me)) {
       if (Handle(tree)->producedAny(*produced_by)) return tree;
     }
   }
@@ -175,16 +176,8 @@ TreeRegistry::Handle TreeRegistry::acquire(c10::Device device, bool create, std:
 }
 
 bool TreeRegistry::evictFunction(c10::Device device, int64_t function_id, const std::string& why) {
-  std::vector<std::shared_ptr<TreeManager>> trees;
-  {
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    for (const auto& kv : r.trees) {
-      if (sameDevice(kv.first, device)) trees.push_back(kv.second);
-    }
-  }
   bool all = true;
-  for (auto& tree : trees) all = Handle(tree)->evictFunction(function_id, why) && all;
+  for (auto& tree : treesOf(device)) all = Handle(tree)->evictFunction(function_id, why) && all;
   return all;
 }
 
@@ -264,7 +257,6 @@ void TreeRegistry::resetAll() {
 }
 
 void TreeRegistry::setMemoryBudget(c10::Device device, int64_t bytes) {
-  std::vector<std::shared_ptr<TreeManager>> trees;
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
@@ -273,11 +265,9 @@ void TreeRegistry::setMemoryBudget(c10::Device device, int64_t bytes) {
     } else {
       r.budgets[deviceKeyOf(device)] = bytes;
     }
-    for (const auto& kv : r.trees) {
-      if (sameDevice(kv.first, device)) trees.push_back(kv.second);
-    }
   }
-  for (auto& tree : trees) Handle(std::move(tree))->setMemoryBudget(bytes);
+  // A tree created since takes the budget at its creation too.
+  for (auto& tree : treesOf(device)) Handle(std::move(tree))->setMemoryBudget(bytes);
 }
 
 int64_t TreeRegistry::memoryBudget(c10::Device device) {

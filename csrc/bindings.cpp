@@ -214,7 +214,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("_bucket_dim", &GraphedCallable::bucketDim)
       .def("_warmup_iters", &GraphedCallable::warmupIters)
       .def("signatures", &GraphedCallable::signatures,
-           "Per call signature: function id, warmups, re-records and the eager-fallback reason.")
+           "Per call signature: function id, warmups and re-records (in the calling thread's "
+           "tree) and the eager-fallback reason.")
       .def("__get__",
            [](py::object self, py::object obj, py::object /*type*/) -> py::object {
              if (obj.is_none()) return self;

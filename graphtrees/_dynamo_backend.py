@@ -352,13 +352,6 @@ def _wrap(opts: _Options, compiled: Callable[[list], Any], gm: torch.fx.GraphMod
     reason = graph_reason or skip_reason(gm, static_idxs) or ""
     if reason and opts.strict:
         raise SkipError(f"graphtrees (strict=True): cannot record '{name}': {reason}")
-    if reason and mode == _modes().FORWARD:
-        # A forward that always runs eagerly keeps no activations in the pool, so it must not
-        # count as a forward waiting for its backward (Note [Pending backward] in
-        # csrc/TreeManager.cpp). Counted, it would hold the path open from one step into the
-        # next: a graphed function called after it would be warmed up or recorded again under
-        # the previous step's last node, step after step, instead of replaying.
-        mode = _modes().INFERENCE
 
     def run(*args):
         return compiled(list(args))

@@ -618,6 +618,23 @@ def test_logging_of_recording_and_checkpoints(device, tree_logs):
     assert logging.INFO in levels and logging.DEBUG in levels
 
 
+def _run_threads(target, args_per_thread):
+    """Runs target(*args) on one thread per entry, switching threads as often as Python allows,
+    and waits for all of them."""
+    import threading
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=target, args=args) for args in args_per_thread]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+
+
 def test_threads_have_their_own_trees_and_steps(device):
     # Each thread has its own tree (pool, steps, live outputs): threads sharing one wrapper never
     # end each other's steps or overwrite each other's outputs, even while they read them.
@@ -650,16 +667,7 @@ def test_threads_have_their_own_trees_and_steps(device):
     worker(-1, wait=False)  # alone, on the main thread: what each thread must see too
     alone = trees.pop(-1)
     graphtrees.reset()
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    _run_threads(worker, [(i,) for i in range(4)])
     assert errors == []
     assert len({t["thread"] for t in trees.values()} | {alone["thread"]}) == 5
     keys = ("num_nodes", "num_replays", "num_recordings", "num_invalidations", "num_warmups")
@@ -825,16 +833,7 @@ def test_concurrent_first_calls_of_a_module(device):
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    _run_threads(work, [()] * 4)
     assert errors == []
     with torch.no_grad():
         for _ in range(3):
