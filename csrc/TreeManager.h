@@ -129,7 +129,6 @@ class TreeManager {
     budget_ = bytes;
     backend_->setReservedLimit(bytes);
   }
-  int64_t memoryBudget() const { return budget_; }
 
   // Pool bytes a restore that failed half-way left unreachable (Note [Failed restores]).
   int64_t leakedBytes() const { return bookkeeping_.leakedBytes(); }
