@@ -13,6 +13,7 @@ TORCH_API bool is_autocast_enabled(c10::DeviceType device_type);
 TORCH_API c10::ScalarType get_autocast_dtype(c10::DeviceType device_type);
 TORCH_API bool is_autocast_cache_enabled();
 TORCH_API void set_autocast_cache_enabled(bool enabled);
+TORCH_API void clear_cache();
 }  // namespace at::autocast
 
 namespace graphtrees {
@@ -25,12 +26,19 @@ namespace graphtrees {
 // Warmups, captures and CPU-emulation replays (the only replays that run Python) therefore run
 // with the cache disabled (the casts become part of the recording), and the autocast state is
 // part of the call signature (GraphedCallable).
+// An autocast region opened *inside* the function turns the cache back on (torch.autocast's
+// __enter__ sets it), and under an outer region its __exit__ does not clear it: the casts it
+// cached during a warmup would live in the pool, held by C++ where Note [Kept state] cannot
+// find them, and a capture would reuse them. So the cache is also cleared when a warmup or
+// capture starts and when it ends; an outer region then merely casts its weights once more.
 class AutocastCacheOff {
  public:
   AutocastCacheOff() : prev_(at::autocast::is_autocast_cache_enabled()) {
     if (prev_) at::autocast::set_autocast_cache_enabled(false);
+    at::autocast::clear_cache();
   }
   ~AutocastCacheOff() {
+    at::autocast::clear_cache();
     if (prev_) at::autocast::set_autocast_cache_enabled(true);
   }
   AutocastCacheOff(const AutocastCacheOff&) = delete;

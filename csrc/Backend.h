@@ -15,6 +15,7 @@
 //     pool's bookkeeping equals the checkpoint exactly; blocks that were allocated in the
 //     checkpoint come back as owning DataPtrs, everything else in the pool is free.
 
+#include <ATen/core/Generator.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 
@@ -130,10 +131,12 @@ class Backend {
 
   // Runs `run(inputs)` once while recording into the pool; `outputs` receives its result (real,
   // owning tensors that hold the recorded values). Throws what `run` throws, after undoing the
-  // capture, or CaptureRejected when the device refused to record it.
+  // capture, or CaptureRejected when the device refused to record it. `generators`: generators
+  // passed as arguments, registered with the graph so that its replays advance them.
   virtual std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
                                          std::vector<at::Tensor>* outputs,
-                                         const std::string& function_name) = 0;
+                                         const std::string& function_name,
+                                         const std::vector<at::Generator>& generators) = 0;
 
   // Copies `src[i]` into `dst[i]` (placeholders) before a replay.
   virtual void copyInputs(const std::vector<at::Tensor>& dst,
@@ -169,6 +172,15 @@ class Backend {
   // restore needs every segment of its checkpoint), and the bytes freed. A backend that cannot
   // release segments selectively releases none while any free segment is in `keep`.
   virtual int64_t releaseFreeSegments(const std::vector<const Checkpoint*>& keep) = 0;
+  // Whether releaseFreeSegments() can return anything while the pool lives. c10 returns a private
+  // pool's segments only once nothing holds the pool (Note [Memory budget on CUDA] in
+  // CudaBackend.cpp): there, evicting recordings makes room inside the pool but gives nothing
+  // back to the device, so the tree evicts one recording per out-of-memory error.
+  virtual bool returnsSegments() const = 0;
+  // Gives memory the device's allocator caches outside the pool back to the device (c10's
+  // emptyCache() of the default pool), after an out-of-memory error and with no routing active.
+  // Returns true if that may have made room (the failed run is tried once more).
+  virtual bool freeCachedMemory() = 0;
 };
 
 // Routes this thread's allocations into the pool. end() ends the routing on the success path and

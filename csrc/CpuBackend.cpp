@@ -477,9 +477,11 @@ void CpuBackend::endAllocateToPool() {
               "asynchronous device error surfacing at the synchronisation)");
 }
 
+// `generators` need no registration: a replay re-runs the function, which draws from them.
 std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
                                            std::vector<at::Tensor>* outputs,
-                                           const std::string& function_name) {
+                                           const std::string& function_name,
+                                           const std::vector<at::Generator>& /*generators*/) {
   TORCH_INTERNAL_ASSERT(pool_ != nullptr);
   checkRouterInstalled();
   std::vector<Allocation> allocations;

@@ -35,8 +35,8 @@ class CpuBackend final : public Backend {
   void beginAllocateToPool() override;
   void endAllocateToPool() override;
   std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
-                                 std::vector<at::Tensor>* outputs,
-                                 const std::string& function_name) override;
+                                 std::vector<at::Tensor>* outputs, const std::string& function_name,
+                                 const std::vector<at::Generator>& generators) override;
   void copyInputs(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override;
   std::shared_ptr<Checkpoint> checkpoint() override;
   RestoreResult restore(const Checkpoint& checkpoint) override;
@@ -49,6 +49,9 @@ class CpuBackend final : public Backend {
   void setReservedLimit(int64_t bytes) override;
   int64_t refusedBytes() const override;
   int64_t releaseFreeSegments(const std::vector<const Checkpoint*>& keep) override;
+  bool returnsSegments() const override { return true; }
+  // Nothing is cached outside the pool: the CPU allocator returns freed memory at once.
+  bool freeCachedMemory() override { return false; }
 
  private:
   CpuPool* pool_;          // owned; released by releasePool() or the destructor

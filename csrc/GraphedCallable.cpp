@@ -217,6 +217,7 @@ std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const 
   r.rerecord_limit = rerecord_limit_;
   r.chain_limit = chain_limit_;
   r.copy_on_overwrite = copy_on_overwrite_;
+  r.generators = flat.generators;
   // Buckets are meant to be many signatures: the warning counts past them.
   const size_t warn_at = kSignatureWarnLimit + buckets_.size();
   if (max_signatures_ == 0 && signatures_.size() == warn_at) {

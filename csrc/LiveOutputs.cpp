@@ -1,5 +1,7 @@
 #include "LiveOutputs.h"
 
+#include <c10/core/DeviceGuard.h>
+
 #include "Logging.h"
 #include "TreeNode.h"
 
@@ -125,6 +127,9 @@ bool LiveOutputs::disown(c10::StorageImpl& storage) const {
 
 void LiveOutputs::migrate(const LiveOutput& e, c10::StorageImpl& storage) {
   const c10::Device device = backend_.device();
+  // Allocators allocate on the current device: make it the tree's (a cuda:1 tree may be called
+  // while cuda:0 is current).
+  const c10::DeviceGuard device_guard(device);
   c10::DataPtr fresh = c10::GetAllocator(device.type())->allocate(e.nbytes);
   TensorMeta bytes;
   bytes.sizes = {static_cast<int64_t>(e.nbytes)};

@@ -7,7 +7,9 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace graphtrees {
 
@@ -70,13 +72,14 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
   if (consumeInjectedFailure(FailurePoint::kRestore)) {
     throw RestoreFailed("simulated failure (graphtrees._C._fail_next_restores)");
   }
-  if (node->checkpoint_ == nullptr) {  // not expected: nodes are published with a checkpoint
+  if (!node->published()) {  // not expected: nodes are published with a checkpoint
     throw RestoreFailed("node " + std::to_string(node->id()) + " has no checkpoint");
   }
   live_.pruneGone();
   if (!live_.unownedBlocks().empty()) {
     collectGarbage();  // dead cycles may hold pool tensors
     live_.pruneGone();
+    waitForUnownedBlocks();
     const auto extra = live_.unownedBlocks().size();
     if (extra > 0) {
       TORCH_CHECK(false, "graphtrees: ", extra,
@@ -88,7 +91,7 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
                   "it as a buffer before the first call, or return it.");
     }
   }
-  const auto& protected_slots = node->checkpoint_live_slots_;
+  const auto& protected_slots = node->checkpoint().live_slots;
   std::unordered_set<int64_t> unprotected;
   for (int64_t slot : live_.liveSlots()) {
     if (!std::binary_search(protected_slots.begin(), protected_slots.end(), slot)) {
@@ -99,7 +102,7 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
   auto disowned = live_.disownAll();
   RestoreResult restored;
   try {
-    restored = backend_.restore(*node->checkpoint_);
+    restored = backend_.restore(*node->checkpoint().pool);
   } catch (const RestoreError& e) {
     // Note [Failed restores]
     // A restore that failed before it changed the pool (the CPU pool's restore is all or
@@ -127,7 +130,7 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
   restores_++;
   stale_ = false;
   logMessage(LogLevel::kDebug, "restored the pool to the checkpoint of node " +
-                                   std::to_string(node->id()) + " ('" + node->function_name_ +
+                                   std::to_string(node->id()) + " ('" + node->functionName() +
                                    "'); checkpoints so far: " + std::to_string(restores_));
 }
 
@@ -145,9 +148,30 @@ int64_t PoolBookkeeping::releaseUnneededSegments(const TreeNode& root) {
 // found is moved out of the pool (its bytes copied, the storage rebound in place): the recording
 // then sees an ordinary tensor at a fixed address. Logged at INFO, counted as a migration. A
 // tensor created and kept by a recording is still an error (its memory belongs to the graph).
+NodeCheckpoint PoolBookkeeping::checkpoint(const TreeNode& node) {
+  NodeCheckpoint cp;
+  cp.pool = backend_.checkpoint();
+  cp.live_slots = live_.liveSlots();
+  for (const Slot& s : node.slots()) cp.live_slots.push_back(s.id);
+  std::sort(cp.live_slots.begin(), cp.live_slots.end());
+  return cp;
+}
+
+// Note [Blocks a collective holds]
+// A collective that a warmup runs eagerly (NCCL's, gloo's) hands its work object to a watchdog or
+// worker thread, which holds the collective's tensors -- pool blocks, since the warmup was routed
+// -- until it retires the work, about 100 ms later at most. Those blocks belong to no Python
+// tensor, so neither the garbage collector nor Note [Kept state] frees them. Before calling them
+// kept, this waits up to 200 ms, with the GIL released, for the allocator to see them freed.
+void PoolBookkeeping::waitForUnownedBlocks() {
+  for (int i = 0; i < 200 && !live_.unownedBlocks().empty(); ++i) {
+    runBlocking([] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+  }
+}
+
 void PoolBookkeeping::moveKeptStateOutOfPool(const std::string& function_name) {
+  if (live_.unownedBlocks().empty()) return;
   const std::vector<void*> kept = live_.unownedBlocks();
-  if (kept.empty()) return;
   int64_t moved = 0;
   int64_t bytes = 0;
   for (const c10::Storage& storage : findStorages(kept)) {
@@ -156,6 +180,8 @@ void PoolBookkeeping::moveKeptStateOutOfPool(const std::string& function_name) {
     live_.moveOutOfPool(*storage.unsafeGetStorageImpl());
     moved++;
   }
+  // What no Python tensor holds may be a collective's, about to be freed.
+  if (!live_.unownedBlocks().empty()) waitForUnownedBlocks();
   if (moved > 0) {
     logMessage(LogLevel::kInfo, "moved " + std::to_string(moved) + " tensor(s) (" +
                                     bytesString(bytes) + ") that a warmup of '" + function_name +

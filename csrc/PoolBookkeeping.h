@@ -44,9 +44,16 @@ class PoolBookkeeping {
   void prepareToAllocate(TreeNode* current, std::vector<at::Tensor>* inputs,
                          const std::vector<uint8_t>& is_static);
 
+  // The checkpoint of `node`, just recorded and not yet in the tree: the pool's bookkeeping now,
+  // and the live slots a restore to it keeps (those live now and the node's own). Throws what the
+  // backend's checkpoint throws.
+  NodeCheckpoint checkpoint(const TreeNode& node);
+
   // At the end of a warmup: moves state the function created and kept without returning it out
   // of the pool (Note [Kept state] in PoolBookkeeping.cpp).
   void moveKeptStateOutOfPool(const std::string& function_name);
+  // Note [Blocks a collective holds].
+  void waitForUnownedBlocks();
 
   // Returns the pool's free segments that no checkpoint of a node below `root` includes (Note
   // [Memory budget] in Backend.h); the bytes freed.

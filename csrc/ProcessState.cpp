@@ -142,6 +142,17 @@ void runBlocking(const std::function<void()>& wait) {
   }
 }
 
+InterruptCheck& interruptCheck() {
+  static InterruptCheck check;
+  return check;
+}
+void setInterruptCheck(InterruptCheck check) {
+  interruptCheck() = std::move(check);
+}
+bool isInterrupt(const std::exception& error) {
+  return interruptCheck() && interruptCheck()(error);
+}
+
 FailurePoint failurePointFromName(const std::string& name) {
   static const std::array<const char*, static_cast<size_t>(FailurePoint::kCount)> names = {
       "restore",     "backend_restore", "partial_restore", "checkpoint",

@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -85,6 +86,12 @@ std::vector<c10::Storage> findStorages(const std::vector<void*>& blocks);
 using BlockingWaitHook = std::function<void(const std::function<void()>&)>;
 void setBlockingWaitHook(BlockingWaitHook hook);
 void runBlocking(const std::function<void()>& wait);
+
+// Whether `error` is an interruption that must propagate as it is (Python's KeyboardInterrupt or
+// SystemExit), never be taken for a rejected capture. False until the bindings install the check.
+using InterruptCheck = std::function<bool(const std::exception&)>;
+void setInterruptCheck(InterruptCheck check);
+bool isInterrupt(const std::exception& error);
 
 // Where a failure can be injected. Each point fails the next `n` times it is reached.
 enum class FailurePoint : int {

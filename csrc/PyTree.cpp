@@ -1,6 +1,7 @@
 #include "PyTree.h"
 
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
@@ -140,6 +141,14 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     py::list children = pair[0];
     appendRaw(key, static_cast<uint32_t>(children.size()));
     for (py::handle child : children) flattenArg(child.ptr(), is_static, depth + 1, out);
+  } else if (THPGenerator_Check(obj) == 1) {
+    // By identity: a recording registers this very generator (FunctionRecord::generators), and
+    // the signature's record holds its implementation, whose address is the key: no other
+    // generator can take that address while the signature lives.
+    const at::Generator& gen = reinterpret_cast<THPGenerator*>(obj)->cdata;
+    key->push_back('G');
+    appendRaw(key, reinterpret_cast<uintptr_t>(gen.unsafeGetGeneratorImpl()));
+    out->generators.push_back(gen);
   } else {
     const Py_hash_t h = PyObject_Hash(obj);
     if (h == -1) {

@@ -31,7 +31,8 @@ void setPyTreeHooks(py::object flatten, py::object unflatten);
 struct FlatArgs {
   std::vector<at::Tensor> tensors;
   std::vector<uint8_t> is_static;  // per tensor
-  std::string key;                 // the call signature
+  std::vector<at::Generator> generators;  // torch.Generator arguments, in order
+  std::string key;                        // the call signature
   std::string unsupported;         // why the arguments cannot be graphed, if they cannot
 };
 

@@ -22,33 +22,25 @@ std::string bytesString(int64_t n) {
 void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& path,
                      const std::unordered_map<int64_t, int64_t>& live_per_node,
                      std::vector<NodeInfo>* out) {
-  std::vector<const TreeNode*> stack;
-  for (auto it = root.ownedChildren().rbegin(); it != root.ownedChildren().rend(); ++it) {
-    stack.push_back(it->get());
-  }
-  while (!stack.empty()) {
-    const TreeNode* n = stack.back();
-    stack.pop_back();
+  forEachNode(root, [&](const TreeNode& n) {
     NodeInfo ni;
-    ni.id = n->id();
-    ni.parent = n->parent() ? n->parent()->id() : -1;
-    ni.function_id = n->function_id_;
-    ni.function = n->function_name_;
-    for (const auto& c : n->ownedChildren()) ni.children.push_back(c->id());
-    ni.pool_bytes = n->poolBytes();
-    ni.num_outputs = static_cast<int64_t>(n->outputs_.size());
-    for (InputKind k : n->input_kinds_) {
+    ni.id = n.id();
+    ni.parent = n.parent() ? n.parent()->id() : -1;
+    ni.function_id = n.functionId();
+    ni.function = n.functionName();
+    for (const auto& c : n.ownedChildren()) ni.children.push_back(c->id());
+    ni.pool_bytes = n.poolBytes();
+    ni.num_outputs = n.numOutputs();
+    for (InputKind k : n.inputKinds()) {
       ni.input_kinds += k == InputKind::kStatic ? 'S' : (k == InputKind::kManaged ? 'M' : 'C');
     }
-    auto live = live_per_node.find(n->id());
+    auto live = live_per_node.find(n.id());
     ni.live_outputs = live == live_per_node.end() ? 0 : live->second;
-    ni.replays = n->replays_;
-    ni.on_current_path = std::find(path.begin(), path.end(), n) != path.end();
+    ni.replays = n.replays();
+    ni.on_current_path = std::find(path.begin(), path.end(), &n) != path.end();
     out->push_back(std::move(ni));
-    for (auto it = n->ownedChildren().rbegin(); it != n->ownedChildren().rend(); ++it) {
-      stack.push_back(it->get());
-    }
-  }
+    return true;
+  });
 }
 
 std::string toDot(const TreeInfo& t) {

@@ -37,6 +37,11 @@ std::string mutationReason(int64_t input, const std::string& op, const char* adv
          advice;
 }
 
+std::string firstLine(const std::string& s) {
+  const size_t end = s.find('\n');
+  return end == std::string::npos ? s : s.substr(0, end);
+}
+
 std::string whereOf(const TreeNode* node) {
   return node ? "node " + std::to_string(node->id()) : "the root";
 }
@@ -140,7 +145,7 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
 }
 
 bool TreeManager::mustStayDeadHolds(const TreeNode& node) const {
-  return std::none_of(node.must_stay_dead_.begin(), node.must_stay_dead_.end(),
+  return std::none_of(node.mustStayDead().begin(), node.mustStayDead().end(),
                       [&](int64_t slot) { return live_.liveInGeneration(slot, generation_); });
 }
 
@@ -185,7 +190,7 @@ TreeNode* TreeManager::findChild(const FunctionRecord& fn, const CallKey& key,
   // Explain why no recording of this function under this parent matches (rare path).
   for (const auto& c : parent->ownedChildren()) {
     if (!mismatch->empty()) break;
-    if (c->function_id_ == fn.id) *mismatch = c->whyKeyDiffers(key.kinds, key.key_ptrs);
+    if (c->functionId() == fn.id) *mismatch = c->whyKeyDiffers(key.kinds, key.key_ptrs);
   }
   return nullptr;
 }
@@ -294,7 +299,7 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
   const bool out_of_memory = st.oom_at_evictions >= 0 && st.oom_at_evictions == num_evictions_;
   if (state_ == PathState::kWarmup || st.warmups < fn.warmup_iters) {
     if (out_of_memory) return runEager(fn, inputs, run, st.oom_reason);
-    return warmup(fn, inputs, run);
+    return warmup(fn, allocationInputs(fn, inputs), run);
   }
   std::string mismatch;
   TreeNode* node = findChild(fn, key, &mismatch);
@@ -323,7 +328,7 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
                                     std::to_string(st.rerecords + 1) + " of at most " +
                                     std::to_string(fn.rerecord_limit) + ")");
   }
-  CallResult result = record(fn, inputs, run, key);
+  CallResult result = record(fn, allocationInputs(fn, inputs), run, key);
   if (rerecord && result.kind == RunKind::kRecord) {  // counted once it succeeded
     st.rerecords++;
     num_rerecords_++;
@@ -338,7 +343,7 @@ void TreeManager::removeNode(TreeNode* node, const std::string& why) {
       [&](int64_t, const LiveOutput& e, const c10::StorageImpl&) { return e.node == node; },
       [&] { return why; });
   TreeNode* parent = node->parent() != nullptr ? node->parent() : &root_;
-  const int64_t function_id = node->function_id_;
+  const int64_t function_id = node->functionId();
   num_nodes_--;
   parent->removeChild(node);  // destroys node
   if (parent == &root_ && parent->countChildrenOf(function_id) == 0) {
@@ -369,7 +374,12 @@ CallResult TreeManager::outOfMemory(FunctionRecord& fn, const std::vector<at::Te
     st.oom_reason += evicted.empty() ? "; no recording off the current path (nor one whose outputs "
                                        "this call reads) was left to evict"
                                      : "; evicted " + evicted + " (" + bytesString(freed) +
-                                           " returned to the device), so a later call tries again";
+                                           " returned to the device" +
+                                           (backend_->returnsSegments()
+                                                ? ""
+                                                : ": on this device the budget caps the pool's "
+                                                  "growth, and an eviction makes room inside it") +
+                                           "), so a later call tries again";
   }
   return runEager(fn, inputs, run, st.oom_reason);
 }
@@ -388,7 +398,7 @@ int64_t TreeManager::evictForMemory(const std::vector<at::Tensor>& inputs, std::
   int64_t freed = 0;
   while (TreeNode* victim = leastRecentlyUsedExcept(root_, keep)) {
     const std::string what = "node " + std::to_string(victim->id()) + " ('" +
-                             victim->function_name_ + "', " + bytesString(victim->poolBytes()) +
+                             victim->functionName() + "', " + bytesString(victim->poolBytes()) +
                              " written)";
     removeNode(victim, "its recording was evicted to stay within the memory budget");
     num_evictions_++;
@@ -398,6 +408,9 @@ int64_t TreeManager::evictForMemory(const std::vector<at::Tensor>& inputs, std::
                                     backend_->device().str() + " (" + bytesString(budget_) + "); " +
                                     bytesString(released) + " returned to the device");
     *evicted += (evicted->empty() ? "" : ", ") + what;
+    // A backend that returns no segment while the pool lives (CUDA) gains room inside the pool
+    // only: one victim per out-of-memory error, the next call tries again.
+    if (!backend_->returnsSegments()) break;
     if (need > 0 ? freed >= need : freed > 0) break;
   }
   return freed;
@@ -405,23 +418,16 @@ int64_t TreeManager::evictForMemory(const std::vector<at::Tensor>& inputs, std::
 
 bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
   std::vector<TreeNode*> victims;
-  std::vector<TreeNode*> stack{&root_};
-  while (!stack.empty()) {
-    TreeNode* n = stack.back();
-    stack.pop_back();
-    for (const auto& c : n->ownedChildren()) {
-      if (c->function_id_ == function_id) {
-        victims.push_back(c.get());  // its subtree goes with it
-      } else {
-        stack.push_back(c.get());
-      }
-    }
-  }
+  forEachNode(root_, [&](TreeNode& n) {
+    if (n.functionId() != function_id) return true;
+    victims.push_back(&n);  // its subtree goes with it
+    return false;
+  });
   for (TreeNode* v : victims) {  // the path holds every ancestor of its nodes
     if (std::find(path_.begin(), path_.end(), v) != path_.end()) return false;
   }
   for (TreeNode* v : victims) {
-    const std::string name = v->function_name_;
+    const std::string name = v->functionName();
     const int64_t id = v->id();
     removeNode(v, "its recording was evicted: " + why);
     logMessage(LogLevel::kInfo, "evicted node " + std::to_string(id) + " ('" + name + "'): " + why);
@@ -445,10 +451,23 @@ CallResult TreeManager::runEager(FunctionRecord& fn, const std::vector<at::Tenso
   return {run(inputs), RunKind::kEager};
 }
 
-CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
-                               const RunFn& run) {
+// Note [The inputs a run uses]
+// Before a warmup or a recording allocates in the pool, prepareToAllocate() may restore the pool
+// to a checkpoint; a live output that the restore does not protect is invalidated, and an input
+// that is such an output is replaced by a clone first. From then on the call's own argument list
+// names tensors that raise "overwritten" when read: every run of the function -- the warmup, the
+// capture and each of their eager fallbacks (rejected capture, input mutation, failed checkpoint,
+// out of memory) -- must use the prepared list. warmup() and record() therefore receive only the
+// prepared list (allocationInputs()), so the caller's list cannot be named by mistake.
+std::vector<at::Tensor> TreeManager::allocationInputs(const FunctionRecord& fn,
+                                                      const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> ins = inputs;
   bookkeeping_.prepareToAllocate(current_, &ins, fn.is_static);
+  return ins;
+}
+
+CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>& ins,
+                               const RunFn& run, bool retried) {
   std::vector<int64_t> unmanaged;
   for (size_t i = 0; i < ins.size(); ++i) {
     if (!fn.is_static[i] && !live_.contains(ins[i].storage().unsafeGetStorageImpl())) {
@@ -467,7 +486,8 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     mutated = mutations.firstMutated(&mutating_op);
   } catch (const c10::OutOfMemoryError& e) {
     outs.clear();
-    // `ins`: inputs the warmup had to invalidate were replaced by clones (prepareToAllocate).
+    // Memory the device's allocator caches outside the pool may be enough: one more try.
+    if (!retried && backend_->freeCachedMemory()) return warmup(fn, ins, run, /*retried=*/true);
     return outOfMemory(fn, ins, run, "warming it up", e.what_without_backtrace());
   }
   if (mutated >= 0) {
@@ -493,10 +513,8 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   return {std::move(outs), RunKind::kWarmup};
 }
 
-CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
-                               const RunFn& run, const CallKey& key) {
-  std::vector<at::Tensor> ins = inputs;
-  bookkeeping_.prepareToAllocate(current_, &ins, fn.is_static);
+CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>& ins,
+                               const RunFn& run, const CallKey& key, bool retried) {
   live_.pruneGone();
 
   Recording rec;
@@ -527,6 +545,7 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
     routing.end();
   } catch (const c10::OutOfMemoryError& e) {
     rec = Recording();
+    if (!retried && backend_->freeCachedMemory()) return record(fn, ins, run, key, true);
     return outOfMemory(fn, ins, run, "copying its inputs for a recording",
                        e.what_without_backtrace());
   }
@@ -537,8 +556,13 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
     mutations.emplace(rec.inputs, rec.copied);
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
-    rec.graph = backend_->capture(run, rec.inputs, &rec.outputs, fn.name);
+    rec.graph = backend_->capture(run, rec.inputs, &rec.outputs, fn.name, fn.generators);
     mutated = mutations->firstMutated(&mutating_op);
+  } catch (const c10::OutOfMemoryError& e) {
+    rec = Recording();
+    mutations.reset();
+    if (!retried && backend_->freeCachedMemory()) return record(fn, ins, run, key, true);
+    return outOfMemory(fn, ins, run, "recording it", e.what_without_backtrace());
   } catch (const CaptureRejected& e) {
     // The backend undid the capture; the tree is as it was. See Note [Rejected captures].
     fn.eager_reason = std::string("it cannot be recorded as a graph: ") + e.what();
@@ -552,49 +576,68 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
       return {std::move(rec.outputs), RunKind::kEager};
     }
     rec = Recording();
-    return runEager(fn, inputs, run, fn.eager_reason);
-  } catch (const c10::OutOfMemoryError& e) {
+    return runEager(fn, ins, run, fn.eager_reason);
+  } catch (const std::exception& e) {
+    // Note [Errors during a capture]
+    // The warmup ran this function on the same kind of inputs without an error, so an error now
+    // comes from the capture itself: torch refuses a host read, a pageable host-to-device copy or
+    // an unregistered generator with a check before any CUDA call (the stream capture stays
+    // valid, the backend ended it cleanly), or the function takes another path when
+    // torch.cuda.is_current_stream_capturing() says True. Either way it is a rejected capture:
+    // the function runs eagerly from now on, with the reason logged once. Only if the eager run
+    // fails too is the error the user's own; then it propagates and the function is not marked
+    // eager. A keyboard interrupt, or an error that the run itself turned into an eager reason,
+    // propagates as it is.
+    if (isInterrupt(e) || !fn.eager_reason.empty()) throw;
+    const std::string why = e.what();
+    mutations.reset();
     rec = Recording();
-    return outOfMemory(fn, ins, run, "recording it", e.what_without_backtrace());
+    CallResult result{run(ins), RunKind::kEager};
+    fn.eager_reason = "it cannot be recorded as a graph: it raised while it was being recorded "
+                      "(its warmup ran without an error): " +
+                      firstLine(why);
+    noteFallback(fn, fn.eager_reason);
+    return result;
   }
   if (mutated >= 0) {
     fn.eager_reason = mutationReason(mutated, mutating_op, "");
-    return runEager(fn, inputs, run, fn.eager_reason);
+    return runEager(fn, ins, run, fn.eager_reason);
+  }
+  // Ancestor outputs that are dead now: a later replay is valid only while they stay dead.
+  std::vector<int64_t> must_stay_dead;
+  for (TreeNode* p : path_) {
+    for (const auto& s : p->slots()) {
+      if (!live_.liveInGeneration(s.id, generation_)) must_stay_dead.push_back(s.id);
+    }
   }
   std::vector<c10::Storage> slot_storages;
   auto node = TreeNode::fromRecording(
       next_node_id_, current_, std::move(rec), [this] { return live_.newSlot(); },
-      [this](const c10::StorageImpl* s) { return live_.contains(s); }, &slot_storages);
-  // Ancestor outputs that are dead now: a later replay is valid only while they stay dead.
-  for (TreeNode* p : path_) {
-    for (const auto& s : p->slots_) {
-      if (!live_.liveInGeneration(s.id, generation_)) node->must_stay_dead_.push_back(s.id);
-    }
-  }
+      [this](const c10::StorageImpl* s) { return live_.contains(s); }, std::move(must_stay_dead),
+      &slot_storages);
   // Note [Publishing a node]
   // The checkpoint is taken before the node enters the tree: a checkpoint that throws (c10's
   // refuses blocks with pending cross-stream events) leaves the tree exactly as it was, and the
   // function runs eagerly from then on. Nothing that can fail runs after the node is published.
   try {
-    node->checkpoint_ = backend_->checkpoint();
+    node->publish(bookkeeping_.checkpoint(*node));
   } catch (const std::exception& e) {
     const std::string why = e.what();
     node.reset();
     slot_storages.clear();
     fn.eager_reason = "the pool could not be checkpointed after its recording: " + why;
-    return runEager(fn, inputs, run, fn.eager_reason);
+    return runEager(fn, ins, run, fn.eager_reason);
   }
   TreeNode* parent = current_ != nullptr ? current_ : &root_;
   TreeNode* raw = parent->addChild(std::move(node));
   next_node_id_++;
   num_nodes_++;
   if (current_ == nullptr) root_functions_.insert(fn.id);
-  for (size_t k = 0; k < raw->slots_.size(); ++k) {
-    live_.track(slot_storages[k], raw->slots_[k].id, raw, fn.name, copyOnOverwrite(fn),
+  for (size_t k = 0; k < raw->slots().size(); ++k) {
+    live_.track(slot_storages[k], raw->slots()[k].id, raw, fn.name, copyOnOverwrite(fn),
                 generation_);
   }
-  raw->checkpoint_live_slots_ = live_.liveSlots();
-  raw->last_used_ = ++use_clock_;
+  raw->markRun(++use_clock_, /*replayed=*/false);
   path_.push_back(raw);
   current_ = raw;
   state_ = PathState::kRecording;
@@ -603,18 +646,18 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
   noteGenerationRun(fn);
   logMessage(LogLevel::kInfo, "recorded node " + std::to_string(raw->id()) + " for '" + fn.name +
                                   "' under " + whereOf(raw->parent()) + " (" +
-                                  std::to_string(raw->copied_inputs_.size()) + " copied inputs, " +
-                                  std::to_string(raw->slots_.size()) + " output blocks, " +
+                                  std::to_string(raw->copiedInputs().size()) + " copied inputs, " +
+                                  std::to_string(raw->slots().size()) + " output blocks, " +
                                   bytesString(raw->poolBytes()) + " written)");
-  // `ins`, not `inputs`: an input that the restore had to invalidate was replaced by a clone, and
-  // outputs that alias it must alias the clone.
+  // Outputs that alias an input the restore had to invalidate alias its clone (Note [The inputs a
+  // run uses]).
   return {raw->buildOutputs(slot_storages, ins), RunKind::kRecord};
 }
 
 CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
                                const std::vector<at::Tensor>& inputs, const RunFn& run) {
   const c10::Device device = backend_->device();
-  const auto& copied = node.copied_inputs_;
+  const auto& copied = node.copiedInputs();
   std::vector<at::Tensor> sources;
   sources.reserve(copied.size());
   for (int64_t i : copied) {
@@ -632,19 +675,18 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
       },
       [&] { return "a replay of '" + fn.name + "' wrote to its memory"; });
   bookkeeping_.markStale();
-  backend_->copyInputs(node.placeholders_, sources);
-  node.graph_->replay(run, inputs, copied, node.placeholders_);
+  backend_->copyInputs(node.placeholders(), sources);
+  node.graph().replay(run, inputs, copied, node.placeholders());
   std::vector<c10::Storage> storages;
-  storages.reserve(node.slots_.size());
-  for (const auto& s : node.slots_) {
+  storages.reserve(node.slots().size());
+  for (const auto& s : node.slots()) {
     storages.push_back(nonOwningStorage(s.ptr, s.nbytes, device));
     live_.track(storages.back(), s.id, &node, fn.name, copyOnOverwrite(fn), generation_);
   }
   path_.push_back(&node);
   current_ = &node;
   state_ = PathState::kExecution;
-  node.replays_++;
-  node.last_used_ = ++use_clock_;
+  node.markRun(++use_clock_, /*replayed=*/true);
   fn.replays++;
   num_replays_++;
   noteGenerationRun(fn);

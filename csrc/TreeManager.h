@@ -13,6 +13,8 @@
 #include "TreeInfo.h"
 #include "TreeNode.h"
 
+#include <ATen/core/Generator.h>
+
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -59,6 +61,10 @@ struct FunctionRecord {
   // on_overwrite="copy": an output the user still holds when a later run is about to write its
   // memory is copied out of the pool instead of invalidated (Note [Output ownership]).
   bool copy_on_overwrite = false;
+
+  // The torch.Generator objects among its arguments (part of its signature, by identity): a
+  // recording registers them with the graph, so that each replay draws fresh numbers from them.
+  std::vector<at::Generator> generators;
 
   // Why the function runs eagerly from now on; empty while it is graphed.
   std::string eager_reason;
@@ -155,9 +161,15 @@ class TreeManager {
 
   CallResult runEager(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run,
                       const std::string& reason);
-  CallResult warmup(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run);
-  CallResult record(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run,
-                    const CallKey& key);
+  // The inputs a warmup or recording runs on (Note [The inputs a run uses] in TreeManager.cpp).
+  std::vector<at::Tensor> allocationInputs(const FunctionRecord& fn,
+                                           const std::vector<at::Tensor>& inputs);
+  // `ins`: allocationInputs() of the call. `retried`: this is the one retry after an out-of-memory
+  // error that Backend::freeCachedMemory() made room for.
+  CallResult warmup(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
+                    bool retried = false);
+  CallResult record(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
+                    const CallKey& key, bool retried = false);
   CallResult replay(TreeNode& node, FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                     const RunFn& run);
   TreeNode* findChild(const FunctionRecord& fn, const CallKey& key, std::string* mismatch) const;

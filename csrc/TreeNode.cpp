@@ -30,8 +30,9 @@ c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device) 
 std::unique_ptr<TreeNode> TreeNode::fromRecording(
     int64_t id, TreeNode* parent, Recording&& rec, const std::function<int64_t()>& new_slot,
     const std::function<bool(const c10::StorageImpl*)>& tracked,
-    std::vector<c10::Storage>* slot_storages) {
+    std::vector<int64_t> must_stay_dead, std::vector<c10::Storage>* slot_storages) {
   auto node = std::make_unique<TreeNode>(id, parent);
+  node->must_stay_dead_ = std::move(must_stay_dead);
   node->function_id_ = rec.function_id;
   node->function_name_ = rec.function_name;
   node->input_kinds_ = rec.input_kinds;
@@ -252,7 +253,7 @@ TreeNode* leastRecentlyUsedExcept(TreeNode& root, const std::vector<const TreeNo
   int best_depth = -1;
   // Post-order: a subtree's most recent use is the largest of its nodes'.
   std::function<uint64_t(TreeNode*, int)> visit = [&](TreeNode* n, int depth) -> uint64_t {
-    uint64_t used = n->last_used_;
+    uint64_t used = n->lastUsed();
     for (const auto& c : n->ownedChildren()) used = std::max(used, visit(c.get(), depth + 1));
     if (n != &root && !kept.count(n) &&
         (best == nullptr || used < best_used || (used == best_used && depth > best_depth))) {
@@ -268,14 +269,17 @@ TreeNode* leastRecentlyUsedExcept(TreeNode& root, const std::vector<const TreeNo
 
 std::vector<const Checkpoint*> checkpointsBelow(const TreeNode& root) {
   std::vector<const Checkpoint*> out;
-  std::vector<const TreeNode*> stack{&root};
-  while (!stack.empty()) {
-    const TreeNode* n = stack.back();
-    stack.pop_back();
-    if (n->checkpoint_) out.push_back(n->checkpoint_.get());
-    for (const auto& c : n->ownedChildren()) stack.push_back(c.get());
-  }
+  forEachNode(root, [&](const TreeNode& n) {
+    if (n.published()) out.push_back(n.checkpoint().pool.get());
+    return true;
+  });
   return out;
+}
+
+void TreeNode::publish(NodeCheckpoint checkpoint) {
+  TORCH_INTERNAL_ASSERT(!published() && checkpoint.pool != nullptr,
+                        "a node is published once, with a checkpoint");
+  checkpoint_ = std::move(checkpoint);
 }
 
 }  // namespace graphtrees

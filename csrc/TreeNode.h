@@ -88,6 +88,14 @@ struct Recording {
   c10::Device graph_device = c10::Device(c10::DeviceType::CPU);
 };
 
+// What a restore to a node needs (Note [Checkpointing] in PoolBookkeeping.cpp): the pool's
+// bookkeeping right after the node was recorded, and the output slots that were live then (a
+// restore keeps exactly those). Taken by PoolBookkeeping::checkpoint(), set once by publish().
+struct NodeCheckpoint {
+  std::shared_ptr<Checkpoint> pool;
+  std::vector<int64_t> live_slots;  // sorted
+};
+
 class TreeNode {
  public:
   TreeNode(int64_t id, TreeNode* parent) : id_(id), parent_(parent) {}
@@ -97,13 +105,38 @@ class TreeNode {
   // placeholders into non-owning views. `new_slot` hands out slot ids; `tracked(storage)` says
   // whether a storage is a live output of an earlier call (returning one that was not passed in
   // is an error). `slot_storages` receives the storage of each slot, for the caller to track.
+  // `must_stay_dead`: the ancestors' slots that were dead at the recording (Note [Matching a
+  // child]). The node enters the tree with publish().
   static std::unique_ptr<TreeNode> fromRecording(
       int64_t id, TreeNode* parent, Recording&& rec, const std::function<int64_t()>& new_slot,
       const std::function<bool(const c10::StorageImpl*)>& tracked,
-      std::vector<c10::Storage>* slot_storages);
+      std::vector<int64_t> must_stay_dead, std::vector<c10::Storage>* slot_storages);
 
   int64_t id() const { return id_; }
   TreeNode* parent() const { return parent_; }
+
+  // Sets the node's checkpoint; once, before the node is reachable from the tree (Note
+  // [Publishing a node] in TreeManager.cpp).
+  void publish(NodeCheckpoint checkpoint);
+  const NodeCheckpoint& checkpoint() const { return checkpoint_; }
+  bool published() const { return checkpoint_.pool != nullptr; }
+  // The node was recorded (replayed = false) or replayed at tick `clock` of the tree's use clock.
+  void markRun(uint64_t clock, bool replayed) {
+    last_used_ = clock;
+    replays_ += replayed ? 1 : 0;
+  }
+
+  int64_t functionId() const { return function_id_; }
+  const std::string& functionName() const { return function_name_; }
+  const std::vector<InputKind>& inputKinds() const { return input_kinds_; }
+  const std::vector<int64_t>& copiedInputs() const { return copied_inputs_; }
+  const std::vector<at::Tensor>& placeholders() const { return placeholders_; }
+  const std::vector<Slot>& slots() const { return slots_; }
+  int64_t numOutputs() const { return static_cast<int64_t>(outputs_.size()); }
+  const std::vector<int64_t>& mustStayDead() const { return must_stay_dead_; }
+  int64_t replays() const { return replays_; }
+  uint64_t lastUsed() const { return last_used_; }
+  Graph& graph() const { return *graph_; }
 
   // The key children are found by (Note [Matching a child]).
   static uint64_t hashKey(int64_t function_id, const std::vector<uintptr_t>& ptrs);
@@ -146,7 +179,8 @@ class TreeNode {
 
   int64_t poolBytes() const;
 
-  // --- recorded state (filled by fromRecording(); the checkpoint by the tree manager) ---
+ private:
+  // --- recorded state (filled by fromRecording(); the checkpoint by publish()) ---
   int64_t function_id_ = 0;
   std::string function_name_;
   std::unique_ptr<Graph> graph_;
@@ -159,13 +193,11 @@ class TreeNode {
   std::vector<Slot> slots_;
   std::vector<c10::Storage> constants_;  // storages of kConstant outputs
   std::vector<Interval> footprint_;      // sorted, merged
-  std::shared_ptr<Checkpoint> checkpoint_;
-  std::vector<int64_t> checkpoint_live_slots_;  // sorted slot ids live when checkpointed
+  NodeCheckpoint checkpoint_;
   std::vector<int64_t> must_stay_dead_;  // ancestor slots dead at recording (Note [Matching...])
   int64_t replays_ = 0;
   uint64_t last_used_ = 0;  // the tree's use clock at its recording or latest replay
 
- private:
   int64_t id_;
   TreeNode* parent_;
   std::unordered_map<uint64_t, std::vector<TreeNode*>> children_;
@@ -178,6 +210,23 @@ class TreeNode {
 TreeNode* leastRecentlyUsedExcept(TreeNode& root, const std::vector<const TreeNode*>& keep);
 // The checkpoints of every node below `root`.
 std::vector<const Checkpoint*> checkpointsBelow(const TreeNode& root);
+
+// Visits every node below `root` in pre-order, children in recording order; a visit that returns
+// false skips that node's subtree. `Node` is TreeNode or const TreeNode.
+template <typename Node, typename Visit>
+void forEachNode(Node& root, Visit&& visit) {
+  std::vector<Node*> stack;
+  auto pushChildren = [&stack](Node& n) {
+    const auto& children = n.ownedChildren();
+    for (auto it = children.rbegin(); it != children.rend(); ++it) stack.push_back(it->get());
+  };
+  pushChildren(root);
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (visit(*n)) pushChildren(*n);
+  }
+}
 
 // A storage of `nbytes` at `ptr` that owns nothing.
 c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device);

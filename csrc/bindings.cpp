@@ -183,6 +183,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     }
   });
 
+  setInterruptCheck([](const std::exception& error) {
+    const auto* e = dynamic_cast<const py::error_already_set*>(&error);
+    if (e == nullptr) return false;
+    py::gil_scoped_acquire gil;
+    return e->matches(PyExc_KeyboardInterrupt) || e->matches(PyExc_SystemExit);
+  });
+
   py::enum_<FunctionMode>(m, "FunctionMode",
                           "What a graphed function is in a training step (see README).")
       .value("INFERENCE", FunctionMode::kInference)

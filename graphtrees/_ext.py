@@ -157,7 +157,11 @@ def _answer_stream_capturing() -> None:
 
     @functools.wraps(original)
     def is_current_stream_capturing(*args, **kwargs):
-        return _C._recording_graph() or original(*args, **kwargs)
+        if _C._recording_graph():
+            return True
+        # No capture can be under way before CUDA is initialised; asking would initialise it (and
+        # raise where a CUDA build of torch runs without a usable driver).
+        return torch.cuda.is_initialized() and original(*args, **kwargs)
 
     is_current_stream_capturing._graphtrees = True
     torch.cuda.is_current_stream_capturing = is_current_stream_capturing

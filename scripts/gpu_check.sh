@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # The device check for a lent GPU machine (one GPU, no network; torch 2.11 cu130, Python 3.12):
-# one command of at most 600 s that ends within 480 s in the worst case, each stage under its own
-# timeout, and leaves at most 8 files under $OUT:
-#   summary.md     per stage: passed / failed / timed out / skipped, and its time; the machine
-#   build.log      the extension built against the machine's torch (never one built elsewhere)
-#   tests.log      the CUDA tests (not the CPU half: CI ran it), per-test timeouts, durations
-#   expandable.log the behaviour suite again with expandable segments
-#   experiments.log  the proof that the CUDA backend is on, then one verdict line per experiment
-#   bench.log      the benchmarks' own output
+# one command of at most 600 s that ends within 480 s in the worst case. Stages run in priority
+# order, each under its own timeout; a stage that runs out of time is stopped with SIGINT (then a
+# KILL 15 s later), so pytest still prints its failures, tracebacks and summary. It leaves at most
+# 8 files under $OUT:
+#   summary.md       per stage: passed / failed / timed out / skipped, its time and its log's tail;
+#                    the machine; the experiments' verdicts
+#   build.log        the extension built against the machine's torch (never one built elsewhere)
+#   tests.log        every test stage (-v --tb=short -rfE, durations)
+#   experiments.log  the proof that the CUDA backend is on, then E1-E12, one verdict line each
+#   bench.log        the benchmarks' own output
 #   gpu-DATE.json / gpu-DATE.md   benchmark results, rewritten after every section
 #
 #   OUT=/tmp/out bash scripts/gpu_check.sh
+#
+# Stages, in priority order (the limits add up to the 480 s deadline; each is cut to what is left):
+#   build 110 | CUDA backend on 20 | priority tests 45 (the seed story and the HIGH defects'
+#   regression tests) | CUDA tests: backend 40, behaviour 50, ops and memory 35, compile and
+#   models 45 | expandable segments 25 | experiments 80 | benchmarks 30
 #
 # Without a GPU (or with GPU_CHECK_REHEARSAL=1) it rehearses: the CUDA stages are reported as
 # skipped and everything else (build, summary, result files, the experiments' and benchmarks'
@@ -20,12 +27,14 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/graphtrees-gpu-check}
 mkdir -p "$OUT"
 export GRAPHTREES_CUDA=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 TORCH_SHOW_CPP_STACKTRACES=1
-export MAX_JOBS=${MAX_JOBS:-16} PIP_NO_INPUT=1
+export MAX_JOBS=${MAX_JOBS:-16} PIP_NO_INPUT=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 PY=${PYTHON:-python3}
-DEADLINE=${GPU_CHECK_DEADLINE:-470}  # seconds from the start; every stage's timeout fits inside
+DEADLINE=${GPU_CHECK_DEADLINE:-480}  # seconds from the start; every stage's timeout fits inside
 T0=$(date +%s)
 SUMMARY="$OUT/summary.md"
+TAILS="$OUT/.tails"
 STATUS=0
+: > "$TAILS"
 
 elapsed() { echo $(( $(date +%s) - T0 )); }
 
@@ -38,14 +47,19 @@ stage() {
     echo "| $name | not run (no time left) | 0 s |" >> "$SUMMARY"; STATUS=1; return 1
   fi
   local t=$(date +%s)
+  local start_line
+  start_line=$(( $(wc -l < "$log" 2>/dev/null || echo 0) + 1 ))
   echo "== $name (limit ${limit} s)" >> "$log"
-  timeout --kill-after=5 "$limit" "$@" >> "$log" 2>&1
+  timeout -s INT --kill-after=15 "$limit" "$@" >> "$log" 2>&1
   local rc=$?
   local took=$(( $(date +%s) - t ))
   local verdict=passed
-  if (( rc == 124 || rc == 137 )); then verdict="timed out"; elif (( rc != 0 )); then verdict="failed (rc $rc)"; fi
+  if (( rc == 124 || rc == 137 || took >= limit )); then verdict="timed out"; elif (( rc != 0 )); then verdict="failed (rc $rc)"; fi
   echo "| $name | $verdict | $took s |" >> "$SUMMARY"
   echo "$name: $verdict in $took s"
+  { echo; echo "### $name: $verdict"; echo; echo '```'
+    tail -n +"$start_line" "$log" | grep -v -E '^(tests/\S+ (PASSED|SKIPPED)|\s*$)' | tail -25
+    echo '```'; } >> "$TAILS"
   [[ $verdict == passed ]] || STATUS=1
   return $rc
 }
@@ -75,50 +89,64 @@ fi
   echo "|---|---|---|"
 } > "$SUMMARY"
 
+finish() {
+  grep -h -E "^(PROOF|EXP )" "$OUT/experiments.log" 2>/dev/null | sed 's/^/    /' > "$OUT/.verdicts"
+  if [[ -s "$OUT/.verdicts" ]]; then
+    { echo; echo "Experiments:"; echo; cat "$OUT/.verdicts"; } >> "$SUMMARY"
+  fi
+  rm -f "$OUT/.verdicts"
+  { echo; echo "## Stage logs (tails)"; cat "$TAILS"; } >> "$SUMMARY"
+  rm -f "$TAILS"
+  echo >> "$SUMMARY"
+  echo "Total: $(elapsed) s (deadline $DEADLINE s); exit status $1" >> "$SUMMARY"
+  cat "$SUMMARY"
+  exit "$1"
+}
+
 # 1. Build against this machine's torch (a build from another torch must never be reused).
 if [[ ${GPU_CHECK_SKIP_BUILD:-0} == 1 && $HAVE_GPU == 0 ]]; then
   skip build "GPU_CHECK_SKIP_BUILD=1"
 else
-  stage build 110 "$OUT/build.log" $PY -m pip install --no-build-isolation --no-deps -e . || {
-    tail -30 "$OUT/build.log"; echo; cat "$SUMMARY"; exit 1; }
+  stage build 110 "$OUT/build.log" $PY -m pip install --no-build-isolation --no-deps -e . || finish 1
 fi
+
+PYTEST=($PY -m pytest -v --tb=short -rfE -p no:cacheprovider -o faulthandler_timeout=40)
+$PY -c "import pytest_timeout" 2>/dev/null && PYTEST+=(--timeout 45)
 
 if [[ $HAVE_GPU == 1 ]]; then
   # 2. Proof that the CUDA backend is on: a silent eager fallback would make every check vacuous.
-  if ! stage "CUDA backend on" 30 "$OUT/experiments.log" $PY scripts/gpu_experiments.py --proof-only; then
+  if ! stage "CUDA backend on" 20 "$OUT/experiments.log" $PY scripts/gpu_experiments.py --proof-only; then
     echo; echo "**The CUDA backend is not on: later stages were not run.**" >> "$SUMMARY"
-    tail -20 "$OUT/experiments.log"; cat "$SUMMARY"; exit 2
+    finish 2
   fi
-  TIMEOUT_ARGS=()
-  $PY -c "import pytest_timeout" 2>/dev/null && TIMEOUT_ARGS=(--timeout 60)
-  # 3. The CUDA tests only, per-test timeouts, stacks on a hang, the slowest 25.
-  GRAPHTREES_HYPOTHESIS_EXAMPLES=30 stage "CUDA tests" 140 "$OUT/tests.log" \
-    $PY -m pytest tests -m needs_cuda -k "not expandable" "${TIMEOUT_ARGS[@]}" \
-    -o faulthandler_timeout=55 --durations=25 -q -rs -p no:cacheprovider
-  # 4. The behaviour suite with expandable segments, as its own short stage.
-  GRAPHTREES_HYPOTHESIS_EXAMPLES=10 GRAPHTREES_EXPANDABLE_TIMEOUT=50 stage "expandable segments" 55 \
-    "$OUT/expandable.log" $PY -m pytest tests/test_cuda.py -k expandable -q -rs -p no:cacheprovider
-  # 5. The desk review's GPU-only experiments, one verdict line each.
-  stage experiments 70 "$OUT/experiments.log" $PY scripts/gpu_experiments.py
-  # 6. Benchmarks: results are rewritten after every section, so a timeout keeps what finished.
-  stage benchmarks 60 "$OUT/bench.log" $PY benchmarks/bench_gpu.py --out "$OUT" --iters 1000
+  # 3. The seed story (g1 -> g2, then g1 -> g3 with a pool restore) and the HIGH defects' tests.
+  stage "priority tests" 45 "$OUT/tests.log" "${PYTEST[@]}" --durations=10 \
+    tests/test_seed_story.py tests/test_cuda.py -m needs_cuda \
+    -k "seed or transformer or generator or rejected or first_capture or evicted or host_syncs or two_threads or dropout"
+  # 4. The rest of the CUDA tests, in chunks.
+  stage "CUDA tests: backend" 40 "$OUT/tests.log" "${PYTEST[@]}" --durations=10 tests/test_cuda.py \
+    -k "not expandable and not seed and not transformer and not generator and not rejected and not first_capture and not evicted and not host_syncs and not two_threads and not dropout"
+  stage "CUDA tests: behaviour" 50 "$OUT/tests.log" "${PYTEST[@]}" --durations=10 -m needs_cuda \
+    tests/test_hardening.py tests/test_tree_behaviour.py tests/test_overwrite_policy.py
+  GRAPHTREES_HYPOTHESIS_EXAMPLES=20 stage "CUDA tests: ops and memory" 35 "$OUT/tests.log" \
+    "${PYTEST[@]}" --durations=10 -m needs_cuda tests/test_buckets.py tests/test_ops.py \
+    tests/test_pytree.py tests/test_memory.py tests/test_property.py
+  stage "CUDA tests: compile and models" 45 "$OUT/tests.log" "${PYTEST[@]}" --durations=10 \
+    -m needs_cuda tests/test_compile.py tests/integration
+  # 5. The behaviour suite again with expandable segments, run directly.
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True stage "expandable segments" 25 "$OUT/tests.log" \
+    "${PYTEST[@]}" -x -m needs_cuda tests/test_seed_story.py tests/test_tree_behaviour.py
+  # 6. The desk review's experiments E1-E12, each in its own process with its own limit.
+  stage experiments 80 "$OUT/experiments.log" $PY scripts/gpu_experiments.py --budget 75
+  # 7. Benchmarks: results are rewritten after every section, so a timeout keeps what finished.
+  stage benchmarks 30 "$OUT/bench.log" $PY benchmarks/bench_gpu.py --out "$OUT" --iters 300
 else
   skip "CUDA backend on" "no GPU"
+  skip "priority tests" "no GPU"
   skip "CUDA tests" "no GPU"
   skip "expandable segments" "no GPU"
   stage "experiments (dry run)" 60 "$OUT/experiments.log" $PY scripts/gpu_experiments.py --dry-run
   stage "benchmarks (dry run)" 60 "$OUT/bench.log" $PY benchmarks/bench_gpu.py --out "$OUT" --dry-run
 fi
 
-grep -h -E "^EXP " "$OUT/experiments.log" 2>/dev/null | sed 's/^/    /' > "$OUT/.verdicts"
-if [[ -s "$OUT/.verdicts" ]]; then
-  { echo; echo "Experiments:"; echo; cat "$OUT/.verdicts"; } >> "$SUMMARY"
-fi
-rm -f "$OUT/.verdicts"
-tail -4 "$OUT/tests.log" 2>/dev/null | sed 's/^/    /' > "$OUT/.tail"
-if [[ -s "$OUT/.tail" ]]; then { echo; echo "CUDA tests (last lines):"; echo; cat "$OUT/.tail"; } >> "$SUMMARY"; fi
-rm -f "$OUT/.tail"
-echo >> "$SUMMARY"
-echo "Total: $(elapsed) s (deadline $DEADLINE s); exit status $STATUS" >> "$SUMMARY"
-cat "$SUMMARY"
-exit $STATUS
+finish $STATUS

@@ -378,3 +378,176 @@ def test_a_rejected_recording_whose_result_is_its_input_runs_again():
         x = torch.ones(4)
         assert g(x).data_ptr() == x.data_ptr()
     assert_invariants("cpu")
+
+
+# --- Errors during a capture, and the inputs every fallback runs on (third CUDA review, #3 #10) ---
+
+
+def _refused_while_capturing(x):
+    # torch 2.11 refuses .tolist(), .cpu() and pageable host copies during a CUDA capture with a
+    # check made before any CUDA call: the capture stays valid and the error reaches graphtrees.
+    # graphtrees answers torch.cuda.is_current_stream_capturing() with True while it records, on
+    # every backend, so this is the same path on CPU.
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture "
+                           "unless the CPU tensor is pinned.")
+    return x * 4
+
+
+def test_error_raised_during_the_capture_runs_eagerly(device, tree_logs):
+    g = cudagraphify(_refused_while_capturing)
+    x = torch.randn(32, device=device)
+    for _ in range(4):
+        torch.testing.assert_close(g(x), x * 4)
+    (reason,) = eager_reasons(g)
+    assert "raised while it was being recorded" in reason and "pinned" in reason
+    assert tree_logs.text.count("raised while it was being recorded") == 1
+    assert info(device)["num_nodes"] == 0
+    k = cudagraphify(lambda x: x + 3)  # the tree keeps recording
+    for _ in range(3):
+        torch.testing.assert_close(k(x), x + 3)
+    assert info(device)["num_replays"] >= 1
+    assert_invariants(device)
+
+
+def test_error_of_the_users_own_propagates_and_is_not_an_eager_reason(device):
+    calls = []
+
+    def raises_twice(x):
+        calls.append(1)
+        if len(calls) in (2, 3):  # the recording call: when captured and when rerun eagerly
+            raise ValueError("the user's own error")
+        return x - 1
+
+    g = cudagraphify(raises_twice)
+    x = torch.randn(8, device=device)
+    g(x)  # warmup
+    with pytest.raises(ValueError, match="the user's own error"):
+        g(x)  # the capture raises, and so does the eager rerun
+    assert eager_reasons(g) == [None]
+    for _ in range(3):  # recorded at the next call
+        torch.testing.assert_close(g(x), x - 1)
+    assert info(device)["num_nodes"] == 1
+
+
+def test_keyboard_interrupt_during_the_capture_propagates(device):
+    calls = []
+
+    def interrupted(x):
+        calls.append(1)
+        if torch.cuda.is_current_stream_capturing():
+            raise KeyboardInterrupt
+        return x + 1
+
+    g = cudagraphify(interrupted)
+    x = torch.randn(8, device=device)
+    g(x)
+    with pytest.raises(KeyboardInterrupt):
+        g(x)
+    assert len(calls) == 2  # not run again eagerly
+    assert eager_reasons(g) == [None]
+
+
+def _stale_input_setup(device):
+    # A 10 MiB output recorded over three steps, and a function warmed up on it.
+    big = cudagraphify(torch.nn.Sequential(torch.nn.Linear(64, 64)).to(device).requires_grad_(False)
+                       .__call__)
+    x = torch.randn(40960, 64, device=device)
+    for _ in range(3):
+        mark_step_begin()
+        y = big(x)
+    return big, x, y
+
+
+FALLBACKS = {
+    "checkpoint": lambda y: torch.cat([y, y]) * 3,
+    "rejected": lambda y: torch.cat([y, y]) * 3 + len(y[:1, :1].tolist()) * 0,
+    "raises": lambda y: torch.cat([y, y]) * 3 if not torch.cuda.is_current_stream_capturing()
+    else (_ for _ in ()).throw(RuntimeError("refused during capture")),
+}
+
+
+@pytest.mark.parametrize("exit_", ["checkpoint", "rejected", "raises", "mutation"])
+def test_fallbacks_of_a_recording_run_on_the_clone_of_a_stale_input(device, exit_):
+    # The restore before the recording invalidates `y` (last step's replayed output) and clones
+    # it; every eager fallback of the recording must run on that clone, not on `y`.
+    big, x, y0 = _stale_input_setup(device)
+    expected_base = y0.clone()
+    if exit_ == "mutation":
+        def fn(y):
+            y.mul_(1)  # an in-place op on a copied input: the recording is refused
+            return torch.cat([y, y]) * 3
+    else:
+        fn = FALLBACKS[exit_]
+    other = cudagraphify(fn)
+    other(y0)  # warmup on big's output
+    mark_step_begin()
+    y = big(x)
+    mark_step_begin()
+    if exit_ == "checkpoint":
+        inject("checkpoint")
+    out = other(y)  # records: the restore clones y first; the recording's fallback runs eagerly
+    torch.testing.assert_close(out, torch.cat([expected_base, expected_base]) * 3)
+    assert eager_reasons(other)[0] is not None
+    # `y` itself was invalidated by the restore: only its clone could give the result above.
+    with pytest.raises(RuntimeError, match="overwritten"):
+        y + 1
+    assert_invariants(device)
+
+
+class _OwnAutocast(torch.nn.Module):
+    """A model that opens its own autocast region inside forward (timm and diffusers do)."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.device_type = torch.device(device).type
+        self.lin = torch.nn.Linear(32, 32).to(device)
+
+    def forward(self, x):
+        # A region made here inherits the cache switch graphtrees turned off, unless it asks for
+        # the cache (as a region built once in __init__ and re-entered does).
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, cache_enabled=True):
+            return self.lin(x).float()
+
+
+def test_autocast_region_inside_the_function_under_an_outer_region(device):
+    # The inner region turns autocast's cast cache back on and, nested, does not clear it on
+    # exit: the casts a warmup cached would sit in the pool, held by autocast's C++ cache (third
+    # CUDA review, #12). The cache is cleared around every warmup and capture.
+    model = _OwnAutocast(device)
+    g = cudagraphify(model)
+    h = cudagraphify(lambda y: y * 2)
+    x = torch.randn(8, 32, device=device)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        for step in range(6):
+            mark_step_begin()
+            y = g(x)
+            z = h(y) if step % 2 else y + 0
+            expected = model(x)
+            torch.testing.assert_close(y, expected)
+            torch.testing.assert_close(z, expected * 2 if step % 2 else expected)
+            assert_invariants(device)
+    mark_step_begin()
+    torch.testing.assert_close(g(x), model(x))  # outside the outer region: a new signature
+    assert eager_reasons(g) == [None, None]
+    assert_invariants(device)
+
+
+def test_generator_arguments_key_the_signature_by_identity(device):
+    # A torch.Generator argument is part of the signature (a recording registers that very
+    # generator with its graph); each replay draws fresh numbers from it, as eager calls do.
+    f = lambda x, gen: x + torch.rand(x.shape, device=x.device, generator=gen)  # noqa: E731
+    g = cudagraphify(f)
+    x = torch.zeros(256, device=device)
+    a, b = torch.Generator(device), torch.Generator(device)
+    a.manual_seed(1)
+    graphed = [g(x, a).clone() for _ in range(4)]
+    a.manual_seed(1)
+    eager = [f(x, a) for _ in range(4)]
+    for got, want in zip(graphed, eager):
+        torch.testing.assert_close(got, want)
+    assert not torch.equal(graphed[2], graphed[3])
+    b.manual_seed(1)
+    torch.testing.assert_close(g(x, b), eager[0])  # another generator: another signature
+    assert len(g.signatures()) == 2
+    assert all(s["eager_reason"] is None for s in g.signatures())

@@ -5,6 +5,7 @@
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/_foreach_copy.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -15,6 +16,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <unordered_set>
@@ -35,7 +38,92 @@ namespace graphtrees {
 
 namespace CCA = c10::cuda::CUDACachingAllocator;
 
+// Note [Generators and captures]
+// A CUDA graph advances a generator's philox offset on every replay only if the generator was
+// registered with the graph before capture_begin(). The device's default generator registers
+// itself; a torch.Generator("cuda") passed as an argument is registered here (PyTorch's trees do
+// the same), so each replay draws fresh numbers from it, as eager calls would. c10 registers a
+// generator's state, which CUDAGeneratorImpl keeps private (torch 2.14 binds no overload that
+// takes the generator itself): generatorState() reads it through a pointer to the member, taken
+// where C++ allows naming a private member, in an explicit template instantiation.
+// A capture that fails leaves the generators it registered in capture mode on torch 2.11 (its
+// CUDAGeneratorState::capturing_ is reset only by a successful capture_end()): every later eager
+// random op on the device would raise "Offset increment outside graph capture". abandonCapture()
+// resets the flag; torch >= 2.12 keeps one capture state per capture id instead, which eager ops
+// do not consult. The flag is detected from the declarations, not from the version number.
 namespace {
+
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+  friend typename Tag::type memberOf(Tag) { return Member; }
+};
+struct GeneratorStateTag {
+  using type = c10::intrusive_ptr<at::CUDAGeneratorState> at::CUDAGeneratorImpl::*;
+  friend type memberOf(GeneratorStateTag);
+};
+template struct PrivateMember<GeneratorStateTag, &at::CUDAGeneratorImpl::state_>;
+
+c10::intrusive_ptr<at::CUDAGeneratorState> generatorState(const at::Generator& gen) {
+  auto* impl = gen.get<at::CUDAGeneratorImpl>();
+  return impl->*memberOf(GeneratorStateTag{});
+}
+
+// torch 2.11: a public flag per generator state.
+template <typename State>
+auto leaveCaptureMode(State& state, unsigned long long /*capture_id*/, int)
+    -> decltype(state.capturing_ = false, void()) {
+  state.capturing_ = false;
+}
+// torch >= 2.12 keeps one capture state per capture id, which an eager op never consults (its
+// remove_capture_state() is not exported: the entry of an abandoned capture stays, a few bytes).
+template <typename State>
+void leaveCaptureMode(State& /*state*/, unsigned long long /*capture_id*/, ...) {}
+
+}  // namespace
+
+// at::cuda::CUDAGraph, with what graphtrees needs of its protected state.
+struct TreeGraph : at::cuda::CUDAGraph {
+  // Note [Generators and captures].
+  void leaveGeneratorCaptures() {
+    for (auto& kv : captured_generator_states_) leaveCaptureMode(*kv.first, capture_id_, 0);
+  }
+};
+
+// Note [One allocation phase per device]
+// Only one capture may be under way on a device while other threads touch it freely: a device
+// synchronisation from any thread invalidates it, c10's emptyCache() asserts that none is under
+// way, and torch 2.11 keeps one capture state per generator. Trees of different threads share
+// the device, so everything a tree does with the allocator -- warmups (routed), placeholder
+// copies, captures, checkpoints, restores and the release of its pool -- holds the device's
+// allocation lock, taken with the GIL released. Replays do not take it: they launch a graph and
+// allocate nothing. Waits are for streams (the tree's, the caller's and those replays ran on),
+// never for the whole device, so a user's own capture on another stream stays valid too. With
+// one phase at a time per device, the memory fraction that a budget lowers (applyLimit) is saved
+// and restored by one tree at a time.
+namespace {
+
+std::recursive_mutex& deviceMutex(c10::DeviceIndex device) {
+  static std::mutex guard;
+  static auto* mutexes = new std::map<c10::DeviceIndex, std::recursive_mutex>();  // never freed
+  std::lock_guard<std::mutex> lock(guard);
+  return (*mutexes)[device];
+}
+
+void lockWithoutGil(std::recursive_mutex& m) {
+  if (m.try_lock()) return;
+  runBlocking([&m] { m.lock(); });
+}
+
+class DeviceLock {
+ public:
+  explicit DeviceLock(c10::DeviceIndex device) : m_(deviceMutex(device)) { lockWithoutGil(m_); }
+  ~DeviceLock() { m_.unlock(); }
+  DeviceLock(const DeviceLock&) = delete;
+  DeviceLock& operator=(const DeviceLock&) = delete;
+
+ private:
+  std::recursive_mutex& m_;
+};
 
 class CudaCheckpoint final : public Checkpoint {
  public:
@@ -47,20 +135,31 @@ class CudaCheckpoint final : public Checkpoint {
 
 class CudaGraph final : public Graph {
  public:
-  CudaGraph(std::unique_ptr<at::cuda::CUDAGraph> graph, std::vector<Interval> footprint)
-      : graph_(std::move(graph)), footprint_(std::move(footprint)) {}
+  CudaGraph(std::unique_ptr<TreeGraph> graph, std::vector<Interval> footprint,
+            c10::DeviceIndex device, std::vector<cudaStream_t>* replay_streams)
+      : graph_(std::move(graph)),
+        footprint_(std::move(footprint)),
+        device_(device),
+        replay_streams_(replay_streams) {}
 
   // The addresses are baked into the graph: no Python runs, inputs are already in place.
   void replay(const RunFn& /*run*/, const std::vector<at::Tensor>& /*inputs*/,
               const std::vector<int64_t>& /*copied*/,
               const std::vector<at::Tensor>& /*placeholders*/) override {
+    const cudaStream_t s = c10::cuda::getCurrentCUDAStream(device_).stream();
+    if (C10_UNLIKELY(std::find(replay_streams_->begin(), replay_streams_->end(), s) ==
+                     replay_streams_->end())) {
+      replay_streams_->push_back(s);
+    }
     graph_->replay();
   }
   const std::vector<Interval>& footprint() const override { return footprint_; }
 
  private:
-  std::unique_ptr<at::cuda::CUDAGraph> graph_;
+  std::unique_ptr<TreeGraph> graph_;
   std::vector<Interval> footprint_;
+  c10::DeviceIndex device_;
+  std::vector<cudaStream_t>* replay_streams_;
 };
 
 bool samePool(const c10::cuda::MempoolId_t& a, const c10::cuda::MempoolId_t& b) {
@@ -91,6 +190,10 @@ std::string messageOf(const std::exception_ptr& error) {
   }
 }
 
+at::HostAllocator* hostAllocator() {
+  return at::getHostAllocator(at::kCUDA);
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(c10::Device device)
@@ -98,9 +201,21 @@ CudaBackend::CudaBackend(c10::Device device)
       pool_(at::cuda::graph_pool_handle()),
       stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {
   c10::cuda::CUDAGuard guard(device_.index());
-  // The tree holds one reference to its pool for its whole life.
+  // The tree holds one reference to its pool for its whole life, in both allocators. The host
+  // allocator creates a pool's record at its first routing, with one reference, and every capture
+  // and graph reset takes and drops one more: without a reference of the tree's own, the count
+  // would reach 0 when a tree's first capture is rejected or its last graph is evicted, and torch
+  // 2.11 then refuses every later capture into the pool (its create_or_incref assert).
   CCA::createOrIncrefPool(device_.index(), pool_);
   pool_alive_ = true;
+  try {
+    hostAllocator()->begin_allocate_to_pool(pool_, [](c10::Stream) { return false; });
+    hostAllocator()->end_allocate_to_pool(pool_);
+  } catch (...) {
+    pool_alive_ = false;
+    CCA::releasePool(device_.index(), pool_);
+    throw;
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -111,6 +226,31 @@ CudaBackend::~CudaBackend() {
   }
 }
 
+void CudaBackend::lockDevice() {
+  lockWithoutGil(deviceMutex(device_.index()));
+}
+
+void CudaBackend::unlockDevice() {
+  deviceMutex(device_.index()).unlock();
+}
+
+void CudaBackend::syncPoolStreams() {
+  c10::cuda::CUDAGuard guard(device_.index());
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
+  runBlocking([&] {
+    stream_.synchronize();
+    current.synchronize();
+    for (cudaStream_t s : replay_streams_) {
+      const cudaError_t e = cudaStreamSynchronize(s);
+      if (e == cudaErrorInvalidResourceHandle) {  // a user's external stream, destroyed since
+        (void)cudaGetLastError();
+        continue;
+      }
+      C10_CUDA_CHECK(e);
+    }
+  });
+}
+
 // Releases first and synchronises last, so that an asynchronous error of earlier work (a
 // device-side assert, an illegal access) cannot keep the pool alive: the error is thrown after the
 // pool is gone.
@@ -118,14 +258,19 @@ void CudaBackend::releasePool() {
   if (!pool_alive_) return;
   pool_alive_ = false;
   segments_.clear();
+  DeviceLock lock(device_.index());  // emptyCache() asserts that no capture is under way
   c10::cuda::CUDAGuard guard(device_.index());
   std::string error;
   collectError(&error, "releasePool", [&] { CCA::releasePool(device_.index(), pool_); });
+  collectError(&error, "release the host pool", [&] { hostAllocator()->release_pool(pool_); });
   // At use count 0 the pool is only "freeable": its segments stay reserved until emptyCache()
-  // (never while any capture or routing is under way). Hand them back now. A pool that a failed
-  // restore left inconsistent keeps blocks the allocator thinks are allocated: those stay.
+  // (never while any capture or routing is under way). Hand them back now, and the host pool's
+  // record and pinned blocks with them. A pool that a failed restore left inconsistent keeps
+  // blocks the allocator thinks are allocated: those stay.
   collectError(&error, "emptyCache", [&] { CCA::emptyCache(pool_); });
-  collectError(&error, "synchronize", [&] { c10::cuda::device_synchronize(); });
+  collectError(&error, "empty the host cache", [&] { hostAllocator()->empty_cache(); });
+  collectError(&error, "synchronize", [&] { syncPoolStreams(); });
+  replay_streams_.clear();
   TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kReleasePool),
               "graphtrees: injected failure after releasing the CUDA pool");
   TORCH_CHECK(error.empty(), "graphtrees: releasing the pool of the ", device_, " tree: ", error,
@@ -134,19 +279,48 @@ void CudaBackend::releasePool() {
                         : "");
 }
 
+// Note [Routing, undone on failure]
+// The steps that can fail come first (the lock, the waits), and each step that succeeded is
+// undone when a later one throws: a half-begun routing would route every later allocation of this
+// thread into the pool, keep the stream switched and leak the pool reference c10 took.
 void CudaBackend::beginAllocateToPool() {
-  c10::cuda::CUDAGuard guard(device_.index());
-  c10::cuda::device_synchronize();    // the tree's stream starts after the caller's work
-  at::cuda::clearCublasWorkspaces();  // so that a workspace is not created inside the pool
-  const auto tid = std::this_thread::get_id();
-  CCA::beginAllocateToPool(device_.index(), pool_,
-                           [tid](cudaStream_t) { return std::this_thread::get_id() == tid; });
+  lockDevice();  // Note [One allocation phase per device]; endAllocateToPool() unlocks
+  bool routed = false;
+  try {
+    c10::cuda::CUDAGuard guard(device_.index());
+    // The tree's stream starts after the caller's work: wait for it.
+    syncPoolStreams();
+    at::cuda::clearCublasWorkspaces();  // so that a workspace is not created inside the pool
+    const auto tid = std::this_thread::get_id();
+    const int uses_before = CCA::getPoolUseCount(device_.index(), pool_);
+    try {
+      CCA::beginAllocateToPool(device_.index(), pool_,
+                               [tid](cudaStream_t) { return std::this_thread::get_id() == tid; });
+    } catch (...) {
+      // c10 increfs before it checks that the pool is not routed already.
+      for (int u = CCA::getPoolUseCount(device_.index(), pool_); u > uses_before; --u) {
+        CCA::releasePool(device_.index(), pool_);
+      }
+      throw;
+    }
+    routed = true;
+    applyLimit();  // Note [Memory budget] in Backend.h
+  } catch (...) {
+    if (routed) {
+      std::string ignored;
+      collectError(&ignored, "", [&] { liftLimit(); });
+      collectError(&ignored, "", [&] { CCA::endAllocateToPool(device_.index(), pool_); });
+      collectError(&ignored, "", [&] { CCA::releasePool(device_.index(), pool_); });
+    }
+    unlockDevice();
+    throw;
+  }
+  routing_locks_++;
   // User code run while routed (a warmup) runs on the tree's device and stream, so that tensors
   // made with a bare "cuda" device land in this pool.
   routing_device_.set_index(device_.index());
   saved_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
   c10::cuda::setCurrentCUDAStream(stream_);
-  applyLimit();  // Note [Memory budget] in Backend.h
 }
 
 void CudaBackend::endAllocateToPool() {
@@ -166,10 +340,14 @@ void CudaBackend::endAllocateToPool() {
     collectError(&error, "clearCublasWorkspaces", [] { at::cuda::clearCublasWorkspaces(); });
     // Synchronise last: the caller's stream sees the results, and an asynchronous error of the
     // routed work surfaces here, as an exception of this call.
-    collectError(&error, "synchronize", [] { c10::cuda::device_synchronize(); });
-    refreshSegments();
+    collectError(&error, "synchronize", [&] { syncPoolStreams(); });
+    collectError(&error, "snapshot", [&] { refreshSegments(); });
   }
   routing_device_.reset();
+  if (routing_locks_ > 0) {
+    routing_locks_--;
+    unlockDevice();
+  }
   TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kEndAllocate),
               "graphtrees: injected failure after ending the routing into the CUDA pool");
   TORCH_CHECK(error.empty(), "graphtrees: ending the routing into the pool of the ", device_,
@@ -177,27 +355,38 @@ void CudaBackend::endAllocateToPool() {
 }
 
 // Note [Rejected captures on CUDA]
-// A capture fails when the function does something a stream capture forbids: a host sync
-// (.item(), .cpu(), printing, x[mask], nonzero), a pageable host-to-device copy, a side stream
-// that is never joined. The forbidden call raises inside the user's code (usually "operation not
-// permitted when stream is capturing") and the capture is invalidated; cudaStreamEndCapture then
-// fails too. On torch 2.11 and 2.13 CUDAGraph::capture_end() throws at that point *before* it
-// ends the allocator routing, and the graph's destructor releases the pool only after a capture
-// that ended: the device and the host allocator would route this thread into the pool forever,
-// each holding one more reference, and every later capture in the process would be affected.
-// So a failed capture is undone here: the graph is destroyed, both routings are ended (an error
-// saying they were already ended, as torch 2.14 does itself, is ignored), the device pool's use
-// count is brought back to what it was before capture_begin(), and on torch < 2.14 the host
-// pool's reference is released. The capture is rejected (CaptureRejected) when the stream was
-// invalidated or capture_end() failed; an exception of the user's code with the capture still
-// valid is the user's own error and is rethrown after the capture ended normally.
-void CudaBackend::abandonCapture(std::unique_ptr<at::cuda::CUDAGraph> graph, int uses_before,
+// A capture fails when the function does something a stream capture forbids. Two kinds:
+//   - the stream capture is invalidated: a host sync (.item(), printing, x[mask], nonzero) or an
+//     unjoined side stream; the forbidden call raises inside the user's code (usually "operation
+//     not permitted when stream is capturing") and cudaStreamEndCapture fails too;
+//   - torch refuses the call with a check before any CUDA call (torch 2.11: .tolist(), .cpu(),
+//     pageable host-to-device copies, an unregistered generator): the capture stays valid.
+// The first is undone here and thrown as CaptureRejected; the second ends the capture normally
+// and rethrows the user's error, which the tree takes for a rejected capture too (Note [Errors
+// during a capture] in TreeManager.cpp). A function that changed the current stream or device
+// and left it changed is rejected as well: its later work ran outside the capture.
+// Undoing a capture: on torch 2.11 and 2.13 CUDAGraph::capture_end() throws *before* it ends the
+// allocator routing, and the graph's destructor releases the pool only after a capture that
+// ended. So abandonCapture() ends a stream capture that is still under way, takes the
+// generators out of capture mode (Note [Generators and captures]), destroys the graph, ends both
+// routings (an error saying they were already ended, as torch 2.14 does itself, is ignored),
+// brings the device pool's use count back to what it was before capture_begin(), and on torch <
+// 2.14 releases the host pool's reference.
+void CudaBackend::abandonCapture(std::unique_ptr<TreeGraph> graph, int uses_before,
                                  bool host_routed) {
-  graph.reset();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream_.stream(), &status) == cudaSuccess &&
+      status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t zombie = nullptr;
+    (void)cudaStreamEndCapture(stream_.stream(), &zombie);
+    if (zombie != nullptr) (void)cudaGraphDestroy(zombie);
+  }
   (void)cudaGetLastError();  // the capture error is not sticky; do not leave it for others
+  graph->leaveGeneratorCaptures();
+  graph.reset();
   std::string ignored;
   collectError(&ignored, "", [&] { CCA::endAllocateToPool(device_.index(), pool_); });
-  collectError(&ignored, "", [&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool_); });
+  collectError(&ignored, "", [&] { hostAllocator()->end_allocate_to_pool(pool_); });
   int uses = uses_before;
   collectError(&ignored, "", [&] { uses = CCA::getPoolUseCount(device_.index(), pool_); });
   for (; uses > uses_before; --uses) {
@@ -205,20 +394,22 @@ void CudaBackend::abandonCapture(std::unique_ptr<at::cuda::CUDAGraph> graph, int
   }
 #if !GRAPHTREES_CAPTURE_END_CLEANS_UP
   if (host_routed) {
-    collectError(&ignored, "", [&] { at::getHostAllocator(at::kCUDA)->release_pool(pool_); });
+    collectError(&ignored, "", [&] { hostAllocator()->release_pool(pool_); });
   }
 #else
   (void)host_routed;
 #endif
   collectError(&ignored, "", [] { at::cuda::clearCublasWorkspaces(); });
-  refreshSegments();
+  collectError(&ignored, "", [&] { refreshSegments(); });
 }
 
 std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
                                             std::vector<at::Tensor>* outputs,
-                                            const std::string& function_name) {
+                                            const std::string& function_name,
+                                            const std::vector<at::Generator>& generators) {
+  DeviceLock lock(device_.index());  // Note [One allocation phase per device]
   c10::cuda::CUDAGuard guard(device_.index());
-  c10::cuda::device_synchronize();
+  syncPoolStreams();
   at::cuda::clearCublasWorkspaces();
   // Blocks allocated before the capture: only those still allocated, at the same place and size,
   // after it (and not holding an output) are outside the capture's footprint.
@@ -229,7 +420,14 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     }
   }
   const int uses_before = CCA::getPoolUseCount(device_.index(), pool_);
-  auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  auto graph = std::make_unique<TreeGraph>();
+  // Note [Generators and captures]: generator arguments on this device, registered before the
+  // capture begins.
+  for (const at::Generator& gen : generators) {
+    if (gen.defined() && gen.device().is_cuda() && gen.device().index() == device_.index()) {
+      graph->register_generator_state(generatorState(gen));
+    }
+  }
   std::exception_ptr user_error;
   std::string rejected;
   {
@@ -248,6 +446,10 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     applyLimit();
     try {
       graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+    } catch (const c10::OutOfMemoryError&) {
+      // The generators' seed and offset tensors did not fit: the tree's out-of-memory path.
+      abandonCapture(std::move(graph), uses_before, /*host_routed=*/false);
+      throw;
     } catch (const std::exception& e) {
       const std::string why = e.what();
       abandonCapture(std::move(graph), uses_before, /*host_routed=*/false);
@@ -265,6 +467,17 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     } catch (...) {
       user_error = std::current_exception();
     }
+    // The function may have switched the current stream or device and left it so: its work from
+    // then on ran outside the capture, and capture_end() must run on the capture's stream.
+    if (c10::cuda::current_device() != device_.index()) c10::cuda::set_device(device_.index());
+    if (c10::cuda::getCurrentCUDAStream(device_.index()) != stream_) {
+      if (!user_error) {
+        rejected = "the function changed the current CUDA stream and did not restore it, so its "
+                   "later work ran outside the capture (join side streams with wait_stream and "
+                   "restore the stream, e.g. with torch.cuda.stream(s): ...)";
+      }
+      c10::cuda::setCurrentCUDAStream(stream_);
+    }
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream_.stream(), &status) != cudaSuccess ||
         status == cudaStreamCaptureStatusInvalidated) {
@@ -279,9 +492,11 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
       if (rejected.empty()) rejected = user_error ? messageOf(user_error) : e.what();
     }
     if (ended && rejected.empty() && user_error) {
-      // The user's own error, with the capture intact: the graph cleans up after itself.
+      // An error with the capture intact (a check torch makes before any CUDA call): the graph
+      // cleans up after itself, and the tree decides (Note [Errors during a capture]).
       outputs->clear();
       graph.reset();
+      refreshSegments();
       std::rethrow_exception(user_error);
     }
     if (!rejected.empty()) {
@@ -300,7 +515,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     }
     graph->replay();  // the recording's outputs hold real values from here on
   }
-  c10::cuda::device_synchronize();
+  syncPoolStreams();
   at::cuda::clearCublasWorkspaces();
   refreshSegments();
   // Footprint: the pool's segments minus the blocks that the capture cannot have written.
@@ -331,7 +546,8 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     if (cursor < seg.end) footprint.push_back({cursor, seg.end});
   }
   mergeIntervals(&footprint);
-  return std::make_unique<CudaGraph>(std::move(graph), std::move(footprint));
+  return std::make_unique<CudaGraph>(std::move(graph), std::move(footprint), device_.index(),
+                                     &replay_streams_);
 }
 
 void CudaBackend::copyInputs(const std::vector<at::Tensor>& dst,
@@ -342,8 +558,12 @@ void CudaBackend::copyInputs(const std::vector<at::Tensor>& dst,
 }
 
 std::shared_ptr<Checkpoint> CudaBackend::checkpoint() {
+  DeviceLock lock(device_.index());
   c10::cuda::CUDAGuard guard(device_.index());
-  c10::cuda::device_synchronize();
+  syncPoolStreams();
+  // c10 refuses to checkpoint a block with pending events (a record_stream() on a pool tensor);
+  // an allocation made with no routing active processes the completed ones.
+  CCA::raw_delete(CCA::raw_alloc(1));
   TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kCheckpoint),
               "graphtrees: injected failure while checkpointing the CUDA pool");
   std::vector<uintptr_t> bases;
@@ -387,44 +607,41 @@ int64_t CudaBackend::refusedBytes() const {
   return 0;  // c10's out-of-memory error does not say how much the pool lacked
 }
 
-// c10's emptyCache(pool) returns every free segment of the pool at once; it runs only when none
-// of them is in a kept checkpoint (a restore fails on a segment that is gone).
-int64_t CudaBackend::releaseFreeSegments(const std::vector<const Checkpoint*>& keep) {
-  if (!pool_alive_) return 0;
+// Note [Memory budget on CUDA]
+// c10 returns a private pool's segments to the device only once the pool is "freeable" (nothing
+// holds it: emptyCache(pool) walks those pools only). A live tree holds its pool, and so does every
+// graph, so no segment of a live pool can be given back: under a budget, evicting recordings
+// makes room inside the pool (their outputs' blocks and checkpoints' layouts become reusable) but
+// not on the device. The budget therefore caps the pool's growth; the tree evicts one recording
+// per out-of-memory error (returnsSegments()), and a failed warmup or capture is tried once more
+// after freeCachedMemory() gave the default pool's cached blocks back, which c10 does not do by
+// itself while a pool is routed.
+int64_t CudaBackend::releaseFreeSegments(const std::vector<const Checkpoint*>& /*keep*/) {
+  return 0;
+}
+
+bool CudaBackend::freeCachedMemory() {
+  DeviceLock lock(device_.index());
   c10::cuda::CUDAGuard guard(device_.index());
-  std::unordered_set<uintptr_t> kept;
-  for (const Checkpoint* c : keep) {
-    const auto* cp = dynamic_cast<const CudaCheckpoint*>(c);
-    TORCH_INTERNAL_ASSERT(cp != nullptr, "checkpoint of another backend");
-    kept.insert(cp->segments_.begin(), cp->segments_.end());
-  }
-  int64_t free_bytes = 0;
-  for (const auto& seg : poolLayout()) {
-    const bool all_free = std::none_of(seg.second.begin(), seg.second.end(),
-                                       [](const Block& b) { return b.allocated; });
-    if (!all_free) continue;
-    if (kept.count(seg.first.begin)) return 0;
-    free_bytes += static_cast<int64_t>(seg.first.end - seg.first.begin);
-  }
-  if (free_bytes == 0) return 0;
-  const int64_t before = stats().reserved_bytes;
+  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const int64_t before = CCA::getDeviceStats(device_.index()).reserved_bytes[agg].current;
   try {
-    c10::cuda::device_synchronize();
-    CCA::emptyCache(pool_);  // asserts that no thread routes allocations on the device
+    CCA::emptyCache();  // the default pool: blocks cached by eager work
   } catch (const std::exception& e) {
-    logMessage(LogLevel::kDebug,
-               std::string("returning free segments of the pool failed: ") + e.what());
+    // A capture of the user's own is under way on the device.
+    logMessage(LogLevel::kDebug, std::string("emptying the CUDA cache failed: ") + e.what());
+    return false;
   }
-  refreshSegments();
-  return before - stats().reserved_bytes;
+  return CCA::getDeviceStats(device_.index()).reserved_bytes[agg].current < before;
 }
 
 RestoreResult CudaBackend::restore(const Checkpoint& checkpoint) {
   const auto* cp = dynamic_cast<const CudaCheckpoint*>(&checkpoint);
   TORCH_INTERNAL_ASSERT(cp != nullptr, "checkpoint of another backend");
+  DeviceLock lock(device_.index());
   c10::cuda::CUDAGuard guard(device_.index());
   try {
-    c10::cuda::device_synchronize();  // setCheckpointPoolState needs every block's events done
+    syncPoolStreams();  // setCheckpointPoolState needs every block's events done
   } catch (const std::exception& e) {
     throw RestoreError(std::string("synchronize: ") + e.what(), /*pool_unchanged=*/true);
   }

@@ -4,20 +4,23 @@
 // c10's CUDA caching allocator per tree, and that allocator's checkpoint API for branch switches.
 //
 // Note [CUDA backend calls]
-//   pool        at::cuda::graph_pool_handle() + createOrIncrefPool(); on reset releasePool(),
-//               then emptyCache(pool) so that the pool's segments (and, with expandable
-//               segments, their address space) go back to the device, then a sync
+//   pool        at::cuda::graph_pool_handle() + createOrIncrefPool(), and a lifetime reference on
+//               the host (pinned) allocator's pool of the same id; on reset both are released,
+//               then emptyCache(pool) and the host allocator's empty_cache() hand the memory back
 //   warmup      beginAllocateToPool(thread filter) on the tree's own stream and device (a device
 //               guard held while routed), cuBLAS workspaces cleared around it;
-//               endAllocateToPool() + releasePool() (balances begin's incref), sync last
-//   capture     CUDAGraph::capture_begin(pool, thread-local mode) on the tree's stream, Python's
-//               GC paused; one replay. A capture CUDA invalidates is undone by hand on torch
-//               < 2.14, whose capture_end() throws before it un-routes (Note [Rejected captures
-//               on CUDA] in CudaBackend.cpp)
+//               endAllocateToPool() + releasePool() (balances begin's incref), streams synced last
+//   capture     CUDAGraph::capture_begin(pool, thread-local mode) on the tree's stream, generator
+//               arguments registered first, Python's GC paused; one replay. A failed capture is
+//               undone by hand (Note [Rejected captures on CUDA] in CudaBackend.cpp)
 //   replay      CUDAGraph::replay() on the caller's current stream (inputs copied on that stream)
-//   checkpoint  getCheckpointState(); restore: setCheckpointPoolState() after a device sync
-// Compiles against torch 2.11 and 2.14: the calls above have the same spelling in both; the one
-// behaviour that differs (capture_end's clean-up) is gated on TORCH_VERSION_MINOR.
+//   checkpoint  getCheckpointState(); restore: setCheckpointPoolState() after the streams that
+//               touched the pool are synced
+// Everything except replay runs under the device's allocation lock (Note [One allocation phase
+// per device] in CudaBackend.cpp) and waits for streams, never for the whole device.
+// Compiles against torch 2.11 and 2.14: the calls above have the same spelling in both; what
+// differs (capture_end's clean-up, the generators' capture state) is gated on TORCH_VERSION_MINOR
+// or detected from the headers' declarations.
 
 #include "Backend.h"
 
@@ -31,11 +34,9 @@
 #include <string>
 #include <vector>
 
-namespace at::cuda {
-struct CUDAGraph;
-}  // namespace at::cuda
-
 namespace graphtrees {
+
+struct TreeGraph;  // at::cuda::CUDAGraph, as graphtrees captures it (CudaBackend.cpp)
 
 class CudaBackend final : public Backend {
  public:
@@ -49,8 +50,8 @@ class CudaBackend final : public Backend {
   void beginAllocateToPool() override;
   void endAllocateToPool() override;
   std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
-                                 std::vector<at::Tensor>* outputs,
-                                 const std::string& function_name) override;
+                                 std::vector<at::Tensor>* outputs, const std::string& function_name,
+                                 const std::vector<at::Generator>& generators) override;
   void copyInputs(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override;
   std::shared_ptr<Checkpoint> checkpoint() override;
   RestoreResult restore(const Checkpoint& checkpoint) override;
@@ -63,6 +64,8 @@ class CudaBackend final : public Backend {
   void setReservedLimit(int64_t bytes) override;
   int64_t refusedBytes() const override;
   int64_t releaseFreeSegments(const std::vector<const Checkpoint*>& keep) override;
+  bool returnsSegments() const override { return false; }
+  bool freeCachedMemory() override;
 
  private:
   struct Block {
@@ -77,11 +80,17 @@ class CudaBackend final : public Backend {
   // thread allocates into it; liftLimit() puts the previous fraction back.
   void applyLimit();
   void liftLimit();
-  // Undoes a capture that failed after capture_begin(): un-routes both allocators and releases
-  // every pool reference the capture took (`uses_before`: the pool's use count before it).
-  // `host_routed`: capture_begin() got as far as routing the host allocator.
-  void abandonCapture(std::unique_ptr<at::cuda::CUDAGraph> graph, int uses_before,
-                      bool host_routed);
+  // Undoes a capture that failed after capture_begin(): ends a stream capture still under way,
+  // takes the generators out of capture mode, un-routes both allocators and releases every pool
+  // reference the capture took (`uses_before`: the pool's use count before it). `host_routed`:
+  // capture_begin() got as far as routing the host allocator.
+  void abandonCapture(std::unique_ptr<TreeGraph> graph, int uses_before, bool host_routed);
+  // Waits (GIL released) for the tree's stream, the caller's current stream and every stream a
+  // replay ran on: all the work that can touch the pool. Legal while another stream captures,
+  // unlike a device synchronisation.
+  void syncPoolStreams();
+  void lockDevice();
+  void unlockDevice();
 
   c10::Device device_;
   c10::cuda::MempoolId_t pool_;
@@ -93,6 +102,10 @@ class CudaBackend final : public Backend {
   std::vector<Interval> segments_;                     // cached for inPool()
   int64_t limit_ = -1;                                 // graphtrees.set_memory_budget
   std::optional<double> saved_fraction_;               // while the limit is applied
+  int routing_locks_ = 0;  // device locks held between begin- and endAllocateToPool
+  // The streams replays ran on (noted by the graphs, which the backend outlives; calls of one
+  // tree are serialised by its lock): syncPoolStreams() waits for them. A handful at most.
+  std::vector<cudaStream_t> replay_streams_;
 };
 
 // Returns nullptr (with `why_not`) when CUDA graphs cannot be used: the allocator is not c10's
