@@ -33,8 +33,13 @@ def _find_cuda_home():
 
 _find_cuda_home()
 
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
-import torch
+import torch  # noqa: E402 - after CUDA_HOME is set
+from torch.utils.cpp_extension import (  # noqa: E402
+    CUDA_HOME,
+    BuildExtension,
+    CppExtension,
+    CUDAExtension,
+)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(ROOT, "graphtrees", "_version.py")) as f:
@@ -47,7 +52,9 @@ DEBUG = os.environ.get("DEBUG", "0") == "1"
 def get_extensions():
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     cuda_sources = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
-    with_cuda = FORCE_CUDA or (USE_CUDA and torch.version.cuda is not None and CUDA_HOME is not None)
+    with_cuda = FORCE_CUDA or (
+        USE_CUDA and torch.version.cuda is not None and CUDA_HOME is not None
+    )
     cxx = ["-O0", "-g"] if DEBUG else ["-O2"]
     cxx += ["-fvisibility=hidden"]
     define_macros = []
@@ -80,7 +87,9 @@ setup(
     ext_modules=get_extensions(),
     cmdclass={"build_ext": BuildExtension},
     # torch.compile(model, backend="graphtrees") finds the backend through this entry point.
-    entry_points={"torch_dynamo_backends": ["graphtrees = graphtrees._dynamo_backend:graphtrees_backend"]},
+    entry_points={
+        "torch_dynamo_backends": ["graphtrees = graphtrees._dynamo_backend:graphtrees_backend"]
+    },
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
     extras_require={"test": ["pytest>=7", "hypothesis>=6"]},

@@ -23,9 +23,9 @@ import sys
 import time
 
 import torch
+from bench_cpu import per_call_us  # benchmarks/ is the script's directory, first on sys.path
 
 import graphtrees
-from bench_cpu import per_call_us  # benchmarks/ is the script's directory, first on sys.path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUCKETS = sorted({1, 2, 4, 8, 16, 32, 64} | set(range(8, 65, 8)))
@@ -34,8 +34,9 @@ SEQ, D_MODEL = 16, 128
 
 def block():
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(D_MODEL, nhead=4, dim_feedforward=256,
-                                             batch_first=True, dropout=0.0)
+    layer = torch.nn.TransformerEncoderLayer(
+        D_MODEL, nhead=4, dim_feedforward=256, batch_first=True, dropout=0.0
+    )
     return layer.eval()
 
 
@@ -62,8 +63,14 @@ def bench_capture():
     return {
         "buckets": BUCKETS,
         "capture_seconds_total": round(total, 3),
-        "per_bucket": [{"bucket": r["size"], "seconds": round(r["seconds"], 4),
-                        "pool_bytes_after": r["pool_bytes_after"]} for r in report],
+        "per_bucket": [
+            {
+                "bucket": r["size"],
+                "seconds": round(r["seconds"], 4),
+                "pool_bytes_after": r["pool_bytes_after"],
+            }
+            for r in report
+        ],
         "shared_pool_reserved_bytes": shared,
         "separate_pools_reserved_bytes": sum(a["reserved_bytes"] for a in alone),
         "separate_pools": alone,
@@ -73,8 +80,10 @@ def bench_capture():
 def bench_padding(iters):
     rows = []
     with torch.inference_mode():
-        cases = [("transformer block", block(), lambda b: torch.randn(b, SEQ, D_MODEL)),
-                 ("x * 2 + 1 (launch-bound)", lambda x: x * 2 + 1, lambda b: torch.randn(b, 16))]
+        cases = [
+            ("transformer block", block(), lambda b: torch.randn(b, SEQ, D_MODEL)),
+            ("x * 2 + 1 (launch-bound)", lambda x: x * 2 + 1, lambda b: torch.randn(b, 16)),
+        ]
         for name, fn, make in cases:
             graphtrees.reset()
             step = graphtrees.cudagraphify(fn, buckets=BUCKETS, name="bench")
@@ -89,10 +98,17 @@ def bench_padding(iters):
                 t_exact = per_call_us(lambda: step(xb), iters)
                 t_eager = per_call_us(lambda: fn(xp), iters)
                 assert graphtrees.tree_info("cpu")["num_replays"] > before
-                rows.append({"function": name, "batch": padded, "bucket": bucket,
-                             "padded_us": round(t_pad, 2), "exact_bucket_us": round(t_exact, 2),
-                             "padding_overhead_us": round(t_pad - t_exact, 2),
-                             "eager_at_batch_us": round(t_eager, 2)})
+                rows.append(
+                    {
+                        "function": name,
+                        "batch": padded,
+                        "bucket": bucket,
+                        "padded_us": round(t_pad, 2),
+                        "exact_bucket_us": round(t_exact, 2),
+                        "padding_overhead_us": round(t_pad - t_exact, 2),
+                        "eager_at_batch_us": round(t_eager, 2),
+                    }
+                )
     graphtrees.reset()
     return rows
 
@@ -107,32 +123,53 @@ def main():
         capture = bench_capture()
     padding = bench_padding(iters)
     date = datetime.date.today().isoformat()
-    meta = {"date": date, "torch": torch.__version__, "python": sys.version.split()[0],
-            "machine": platform.machine(), "cpu_threads": torch.get_num_threads(),
-            "backend": "cpu-emulation", "graphtrees": graphtrees.__version__}
+    meta = {
+        "date": date,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "backend": "cpu-emulation",
+        "graphtrees": graphtrees.__version__,
+    }
     out = {"meta": meta, "capture": capture, "padding": padding}
     mib = 1 << 20
-    lines = [f"# Shape buckets on the CPU backend ({date})", "",
-             f"torch {meta['torch']}, Python {meta['python']}, {meta['machine']}, "
-             f"{meta['cpu_threads']} thread, graphtrees {meta['graphtrees']}. A "
-             f"`TransformerEncoderLayer(d_model={D_MODEL}, nhead=4, dim_feedforward=256)` on "
-             f"(batch, {SEQ}, {D_MODEL}); buckets {BUCKETS}.", "",
-             "## Capture of every bucket (`wrapped.capture()`, largest first)", "",
-             f"Total: {capture['capture_seconds_total']} s.", "",
-             "| bucket | seconds | pool MiB after |", "|---:|---:|---:|"]
+    lines = [
+        f"# Shape buckets on the CPU backend ({date})",
+        "",
+        f"torch {meta['torch']}, Python {meta['python']}, {meta['machine']}, "
+        f"{meta['cpu_threads']} thread, graphtrees {meta['graphtrees']}. A "
+        f"`TransformerEncoderLayer(d_model={D_MODEL}, nhead=4, dim_feedforward=256)` on "
+        f"(batch, {SEQ}, {D_MODEL}); buckets {BUCKETS}.",
+        "",
+        "## Capture of every bucket (`wrapped.capture()`, largest first)",
+        "",
+        f"Total: {capture['capture_seconds_total']} s.",
+        "",
+        "| bucket | seconds | pool MiB after |",
+        "|---:|---:|---:|",
+    ]
     for r in capture["per_bucket"]:
         lines.append(f"| {r['bucket']} | {r['seconds']} | {r['pool_bytes_after'] / mib:.1f} |")
-    lines += ["", "## Pool memory", "",
-              f"* all buckets in one tree: {capture['shared_pool_reserved_bytes'] / mib:.1f} MiB",
-              f"* each bucket in its own pool, summed: "
-              f"{capture['separate_pools_reserved_bytes'] / mib:.1f} MiB", "",
-              "## Padding and narrowing per call (microseconds, median of 7 means)", "",
-              "| function | batch | bucket | padded call | exact-size call | overhead | eager at batch |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Pool memory",
+        "",
+        f"* all buckets in one tree: {capture['shared_pool_reserved_bytes'] / mib:.1f} MiB",
+        f"* each bucket in its own pool, summed: "
+        f"{capture['separate_pools_reserved_bytes'] / mib:.1f} MiB",
+        "",
+        "## Padding and narrowing per call (microseconds, median of 7 means)",
+        "",
+        "| function | batch | bucket | padded call | exact-size call | overhead | eager at batch |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in padding:
-        lines.append(f"| {r['function']} | {r['batch']} | {r['bucket']} | {r['padded_us']} | "
-                     f"{r['exact_bucket_us']} | {r['padding_overhead_us']} | "
-                     f"{r['eager_at_batch_us']} |")
+        lines.append(
+            f"| {r['function']} | {r['batch']} | {r['bucket']} | {r['padded_us']} | "
+            f"{r['exact_bucket_us']} | {r['padding_overhead_us']} | "
+            f"{r['eager_at_batch_us']} |"
+        )
     print("\n".join(lines))
     if args.quick:
         return  # a smoke run writes nothing

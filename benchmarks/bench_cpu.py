@@ -53,8 +53,14 @@ def bench_overhead(iters):
         wrapped = per_call_us(lambda: g(*xs), iters)
         info = graphtrees.tree_info("cpu")
         assert info["num_replays"] > 0
-        rows.append({"inputs_outputs": n, "eager_us": round(eager, 2), "wrapped_us": round(wrapped, 2),
-                     "overhead_us": round(wrapped - eager, 2)})
+        rows.append(
+            {
+                "inputs_outputs": n,
+                "eager_us": round(eager, 2),
+                "wrapped_us": round(wrapped, 2),
+                "overhead_us": round(wrapped - eager, 2),
+            }
+        )
         graphtrees.reset()
     return rows
 
@@ -93,8 +99,10 @@ def bench_memory(ks, mib):
         graphtrees.reset()
         prefix = graphtrees.cudagraphify(lambda x: x * 2, name="prefix")
         x = torch.randn(numel)
-        branches = [graphtrees.cudagraphify(lambda y: (y.exp() + 1).log() * y, name=f"branch{i}")
-                    for i in range(k)]
+        branches = [
+            graphtrees.cudagraphify(lambda y: (y.exp() + 1).log() * y, name=f"branch{i}")
+            for i in range(k)
+        ]
         for b in branches:
             for _ in range(3):
                 graphtrees.mark_step_begin()
@@ -102,14 +110,18 @@ def bench_memory(ks, mib):
         del out
         info = graphtrees.tree_info("cpu")
         separate = sum(nd["pool_bytes"] for nd in info["nodes"])
-        branch_bytes = [nd["pool_bytes"] for nd in info["nodes"] if nd["function"].startswith("branch")]
+        branch_bytes = [
+            nd["pool_bytes"] for nd in info["nodes"] if nd["function"].startswith("branch")
+        ]
         prefix_bytes = [nd["pool_bytes"] for nd in info["nodes"] if nd["function"] == "prefix"][0]
-        rows.append({
-            "branches": k,
-            "tree_reserved_mib": round(info["pool"]["reserved_bytes"] / 2**20, 1),
-            "separate_pools_written_mib": round(separate / 2**20, 1),
-            "one_path_written_mib": round((prefix_bytes + max(branch_bytes)) / 2**20, 1),
-        })
+        rows.append(
+            {
+                "branches": k,
+                "tree_reserved_mib": round(info["pool"]["reserved_bytes"] / 2**20, 1),
+                "separate_pools_written_mib": round(separate / 2**20, 1),
+                "one_path_written_mib": round((prefix_bytes + max(branch_bytes)) / 2**20, 1),
+            }
+        )
     graphtrees.reset()
     return rows
 
@@ -128,17 +140,30 @@ def markdown(results):
         "|---:|---:|---:|---:|",
     ]
     for r in results["overhead"]:
-        lines.append(f"| {r['inputs_outputs']} | {r['eager_us']} | {r['wrapped_us']} | {r['overhead_us']} |")
-    lines += ["", "## Lookup cost with N sibling nodes (one step = parent replay + child replay)", "",
-              "| siblings | step µs |", "|---:|---:|"]
+        lines.append(
+            f"| {r['inputs_outputs']} | {r['eager_us']} | {r['wrapped_us']} | {r['overhead_us']} |"
+        )
+    lines += [
+        "",
+        "## Lookup cost with N sibling nodes (one step = parent replay + child replay)",
+        "",
+        "| siblings | step µs |",
+        "|---:|---:|",
+    ]
     for r in results["lookup"]:
         lines.append(f"| {r['siblings']} | {r['step_us']} |")
-    lines += ["", "## Pool memory: K sibling branches after one shared prefix", "",
-              "| branches | tree pool reserved MiB | K separate pools (sum written) MiB | one path written MiB |",
-              "|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Pool memory: K sibling branches after one shared prefix",
+        "",
+        "| branches | tree pool reserved MiB | K separate pools (sum written) MiB | one path written MiB |",
+        "|---:|---:|---:|---:|",
+    ]
     for r in results["memory"]:
-        lines.append(f"| {r['branches']} | {r['tree_reserved_mib']} | {r['separate_pools_written_mib']} | "
-                     f"{r['one_path_written_mib']} |")
+        lines.append(
+            f"| {r['branches']} | {r['tree_reserved_mib']} | {r['separate_pools_written_mib']} | "
+            f"{r['one_path_written_mib']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -115,8 +115,9 @@ def bench_overhead(iters):
                 out = f(*args)
                 return list(out) if isinstance(out, tuple) else [out]
 
-            pt = cudagraphify_impl(boxed, list(xs), (), device_index=0, is_backward=False,
-                                   is_inference=True)
+            pt = cudagraphify_impl(
+                boxed, list(xs), (), device_index=0, is_backward=False, is_inference=True
+            )
             for _ in range(4):
                 torch.compiler.cudagraph_mark_step_begin()
                 pt(list(xs))
@@ -133,22 +134,39 @@ def bench_overhead(iters):
             results["make_graphed_callables_1input"] = wall_us_per_call(lambda: mgc(xs[0]), iters)
         except Exception as e:  # noqa: BLE001
             results["make_graphed_callables_error"] = repr(e)
-        overhead = {k: round(v - gpu_ms * 1000, 2) for k, v in results.items() if isinstance(v, float)}
-        rows.append({"inputs_outputs": n_inputs, "graph_gpu_us": round(gpu_ms * 1000, 2),
-                     "wall_us": {k: round(v, 2) if isinstance(v, float) else v for k, v in results.items()},
-                     "overhead_us": overhead})
+        overhead = {
+            k: round(v - gpu_ms * 1000, 2) for k, v in results.items() if isinstance(v, float)
+        }
+        rows.append(
+            {
+                "inputs_outputs": n_inputs,
+                "graph_gpu_us": round(gpu_ms * 1000, 2),
+                "wall_us": {
+                    k: round(v, 2) if isinstance(v, float) else v for k, v in results.items()
+                },
+                "overhead_us": overhead,
+            }
+        )
     return rows
 
 
 def bench_end_to_end(iters):
     torch.manual_seed(0)
     models = {
-        "mlp8x256_b1": (torch.nn.Sequential(*[m for _ in range(8) for m in
-                                              (torch.nn.Linear(256, 256), torch.nn.GELU())]).to(DEV).eval(),
-                        (torch.randn(1, 256, device=DEV),)),
-        "decoder_step_d256_b1": (torch.nn.TransformerDecoderLayer(256, 4, 1024, dropout=0.0,
-                                                                   batch_first=True).to(DEV).eval(),
-                                 (torch.randn(1, 1, 256, device=DEV), torch.randn(1, 16, 256, device=DEV))),
+        "mlp8x256_b1": (
+            torch.nn.Sequential(
+                *[m for _ in range(8) for m in (torch.nn.Linear(256, 256), torch.nn.GELU())]
+            )
+            .to(DEV)
+            .eval(),
+            (torch.randn(1, 256, device=DEV),),
+        ),
+        "decoder_step_d256_b1": (
+            torch.nn.TransformerDecoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
+            .to(DEV)
+            .eval(),
+            (torch.randn(1, 1, 256, device=DEV), torch.randn(1, 16, 256, device=DEV)),
+        ),
     }
     rows = []
     for name, (model, args) in models.items():
@@ -188,8 +206,10 @@ def bench_memory(ks):
         graphtrees.reset()
         torch.cuda.empty_cache()
         prefix = graphtrees.cudagraphify(lambda x: x * 2, name="prefix")
-        branches = [graphtrees.cudagraphify(lambda y, i=i: (y.exp() + i).log() * y, name=f"b{i}")
-                    for i in range(k)]
+        branches = [
+            graphtrees.cudagraphify(lambda y, i=i: (y.exp() + i).log() * y, name=f"b{i}")
+            for i in range(k)
+        ]
         x = torch.randn(numel, device=DEV)
         for b in branches:
             for _ in range(3):
@@ -214,8 +234,13 @@ def bench_memory(ks):
                 out = (y.exp() + i).log() * y
             graphs.append((g, out))
         separate = sum(v for p, v in pool_bytes_by_id().items() if p not in before)
-        rows.append({"branches": k, "tree_reserved_mib": round(tree_reserved / 2**20, 1),
-                     "separate_pools_reserved_mib": round(separate / 2**20, 1)})
+        rows.append(
+            {
+                "branches": k,
+                "tree_reserved_mib": round(tree_reserved / 2**20, 1),
+                "separate_pools_reserved_mib": round(separate / 2**20, 1),
+            }
+        )
         del graphs
         torch.cuda.empty_cache()
     return rows
@@ -223,8 +248,11 @@ def bench_memory(ks):
 
 def bench_capture(shapes=16):
     sizes = [8 * (i + 1) for i in range(shapes)]
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
-                                torch.nn.Linear(512, 256)).to(DEV).eval()
+    model = (
+        torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+        .to(DEV)
+        .eval()
+    )
     row = {"shapes": shapes}
     gt = graphtrees.cudagraphify(model, name="capture")
     torch.cuda.synchronize()
@@ -248,7 +276,9 @@ def bench_capture(shapes=16):
         t0 = time.perf_counter()
         for b in sizes:
             x = torch.randn(b, 256, device=DEV)
-            fn = cudagraphify_impl(boxed, [x], (), device_index=0, is_backward=False, is_inference=True)
+            fn = cudagraphify_impl(
+                boxed, [x], (), device_index=0, is_backward=False, is_inference=True
+            )
             for _ in range(2):
                 torch.compiler.cudagraph_mark_step_begin()
                 fn([x])
@@ -261,33 +291,61 @@ def bench_capture(shapes=16):
 
 def markdown(res):
     m = res["meta"]
-    lines = [f"# graphtrees GPU benchmarks ({m['date']})", "",
-             f"{m['gpu']}, torch {m['torch']} (CUDA {m['cuda']}), graphtrees {m['graphtrees']}.", ""]
+    lines = [
+        f"# graphtrees GPU benchmarks ({m['date']})",
+        "",
+        f"{m['gpu']}, torch {m['torch']} (CUDA {m['cuda']}), graphtrees {m['graphtrees']}.",
+        "",
+    ]
     if "overhead" in res:
-        lines += ["## Per-call overhead of a replay (wall time per call minus the graph's GPU time, µs)", "",
-                  "| inputs/outputs | graph GPU µs | method | wall µs | overhead µs |", "|---:|---:|---|---:|---:|"]
+        lines += [
+            "## Per-call overhead of a replay (wall time per call minus the graph's GPU time, µs)",
+            "",
+            "| inputs/outputs | graph GPU µs | method | wall µs | overhead µs |",
+            "|---:|---:|---|---:|---:|",
+        ]
         for r in res["overhead"]:
             for k, v in r["wall_us"].items():
-                lines.append(f"| {r['inputs_outputs']} | {r['graph_gpu_us']} | {k} | {v} | "
-                             f"{r['overhead_us'].get(k, '')} |")
+                lines.append(
+                    f"| {r['inputs_outputs']} | {r['graph_gpu_us']} | {k} | {v} | "
+                    f"{r['overhead_us'].get(k, '')} |"
+                )
         lines.append("")
     if "end_to_end" in res:
-        lines += ["## End to end, batch 1 (µs per call)", "", "| model | eager | reduce-overhead | graphtrees |",
-                  "|---|---:|---:|---:|"]
+        lines += [
+            "## End to end, batch 1 (µs per call)",
+            "",
+            "| model | eager | reduce-overhead | graphtrees |",
+            "|---|---:|---:|---:|",
+        ]
         for r in res["end_to_end"]:
-            lines.append(f"| {r['model']} | {r.get('eager_us')} | {r.get('reduce_overhead_us', r.get('reduce_overhead_error'))} | "
-                         f"{r.get('graphtrees_us')} |")
+            lines.append(
+                f"| {r['model']} | {r.get('eager_us')} | {r.get('reduce_overhead_us', r.get('reduce_overhead_error'))} | "
+                f"{r.get('graphtrees_us')} |"
+            )
         lines.append("")
     if "memory" in res:
-        lines += ["## Pool memory, K branches after a shared prefix (MiB)", "",
-                  "| branches | graphtrees tree | one pool per graph |", "|---:|---:|---:|"]
+        lines += [
+            "## Pool memory, K branches after a shared prefix (MiB)",
+            "",
+            "| branches | graphtrees tree | one pool per graph |",
+            "|---:|---:|---:|",
+        ]
         for r in res["memory"]:
-            lines.append(f"| {r['branches']} | {r['tree_reserved_mib']} | {r['separate_pools_reserved_mib']} |")
+            lines.append(
+                f"| {r['branches']} | {r['tree_reserved_mib']} | {r['separate_pools_reserved_mib']} |"
+            )
         lines.append("")
     if "capture" in res:
         r = res["capture"]
-        lines += ["## Warmup + recording of 16 shapes (ms)", "", "| graphtrees | PyTorch trees |", "|---:|---:|",
-                  f"| {r.get('graphtrees_ms')} | {r.get('pytorch_trees_ms', r.get('pytorch_trees_error'))} |", ""]
+        lines += [
+            "## Warmup + recording of 16 shapes (ms)",
+            "",
+            "| graphtrees | PyTorch trees |",
+            "|---:|---:|",
+            f"| {r.get('graphtrees_ms')} | {r.get('pytorch_trees_ms', r.get('pytorch_trees_error'))} |",
+            "",
+        ]
     for k in res.get("skipped", []):
         lines.append(f"- {k}: skipped (dry run)")
     for k, v in res.get("errors", {}).items():
@@ -310,25 +368,39 @@ def write_results(res, out_dir):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    )
     parser.add_argument("--iters", type=int, default=2000)
-    parser.add_argument("--dry-run", action="store_true",
-                        help="no GPU needed: writes the result files with every section skipped")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU needed: writes the result files with every section skipped",
+    )
     args = parser.parse_args()
     if not args.dry_run:
         assert torch.cuda.is_available(), "needs a CUDA device"
         assert os.environ.get("GRAPHTREES_CUDA") == "1", "set GRAPHTREES_CUDA=1"
-    res = {"meta": {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
-                    "cuda": torch.version.cuda,
-                    "gpu": torch.cuda.get_device_name(0) if not args.dry_run else "none (dry run)",
-                    "graphtrees": graphtrees.__version__, "dry_run": args.dry_run},
-           "errors": {}, "skipped": []}
+    res = {
+        "meta": {
+            "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "gpu": torch.cuda.get_device_name(0) if not args.dry_run else "none (dry run)",
+            "graphtrees": graphtrees.__version__,
+            "dry_run": args.dry_run,
+        },
+        "errors": {},
+        "skipped": [],
+    }
     # end_to_end last: its torch.compile(mode="reduce-overhead") compiles are the slowest part,
     # and a time-out then keeps every other section.
-    sections = (("overhead", lambda: bench_overhead(args.iters)),
-                ("memory", lambda: bench_memory([1, 2, 4, 8])),
-                ("capture", bench_capture),
-                ("end_to_end", lambda: bench_end_to_end(args.iters // 4)))
+    sections = (
+        ("overhead", lambda: bench_overhead(args.iters)),
+        ("memory", lambda: bench_memory([1, 2, 4, 8])),
+        ("capture", bench_capture),
+        ("end_to_end", lambda: bench_end_to_end(args.iters // 4)),
+    )
     with torch.no_grad():
         for key, fn in sections:
             t0 = time.perf_counter()

@@ -2,8 +2,9 @@
 
 #include "AutocastState.h"
 #include "CpuPool.h"
+#include "FailureInjection.h"
 #include "Logging.h"
-#include "ProcessState.h"
+#include "ThreadState.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
@@ -477,7 +478,6 @@ void CpuBackend::endAllocateToPool() {
               "asynchronous device error surfacing at the synchronisation)");
 }
 
-// `generators` need no registration: a replay re-runs the function, which draws from them.
 std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
                                            std::vector<at::Tensor>* outputs,
                                            const std::string& function_name,

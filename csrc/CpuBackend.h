@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
   void releasePool() override;
   void beginAllocateToPool() override;
   void endAllocateToPool() override;
+  // `generators` need no registration: a replay re-runs the function, which draws from them.
   std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
                                  std::vector<at::Tensor>* outputs, const std::string& function_name,
                                  const std::vector<at::Generator>& generators) override;

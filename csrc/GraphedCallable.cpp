@@ -2,7 +2,7 @@
 
 #include "AutocastState.h"
 #include "Logging.h"
-#include "ProcessState.h"
+#include "ThreadState.h"
 #include "TreeRegistry.h"
 
 #include <ATen/core/grad_mode.h>
@@ -42,105 +42,26 @@ void clearTracebackFrames(const py::error_already_set& e) {
 
 }  // namespace
 
-namespace {
-// An int option (not a bool) with a lower bound, or ValueError naming `who` and the option.
-int64_t intOption(const std::string& who, const char* name, const py::handle& value, int64_t min) {
-  const bool ok =
-      PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr()) && value.cast<int64_t>() >= min;
-  TORCH_CHECK_VALUE(ok, who, ": ", name, " must be an int >= ", min, ", got ",
-                    py::repr(value).cast<std::string>());
-  return value.cast<int64_t>();
-}
-}  // namespace
-
-GraphOptions validateOptions(const std::string& who, const py::dict& options,
-                             int64_t min_signatures) {
-  static const char* const kKnown[] = {"static_argnums", "warmup_iters",        "rerecord_limit",
-                                       "on_overwrite",   "max_recorded_shapes", "chain_limit",
-                                       "buckets",        "bucket_dim"};
-  for (auto item : options) {
-    const std::string key = py::str(item.first).cast<std::string>();
-    const bool known =
-        std::any_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return key == k; });
-    TORCH_CHECK_TYPE(known, who, ": unexpected option '", key, "'");
-  }
-  auto get = [&](const char* name, py::object fallback) -> py::object {
-    return options.contains(name) ? py::reinterpret_borrow<py::object>(options[name]) : fallback;
-  };
-  GraphOptions o;
-  const py::object static_argnums = get("static_argnums", py::tuple());
-  std::vector<py::handle> positions;
-  if (PyLong_Check(static_argnums.ptr())) {
-    positions.push_back(static_argnums);
-  } else {
-    for (py::handle h : static_argnums) positions.push_back(h);
-  }
-  for (py::handle h : positions) {
-    const bool ok = PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && h.cast<int64_t>() >= 0;
-    TORCH_CHECK_VALUE(ok, who,
-                      ": static_argnums must be non-negative ints (positions of positional "
-                      "arguments), got ",
-                      py::repr(h).cast<std::string>());
-    o.static_argnums.push_back(h.cast<int64_t>());
-  }
-  o.warmup_iters =
-      static_cast<int>(intOption(who, "warmup_iters", get("warmup_iters", py::int_(1)), 1));
-  o.rerecord_limit =
-      static_cast<int>(intOption(who, "rerecord_limit", get("rerecord_limit", py::int_(8)), 0));
-  o.max_signatures = static_cast<int>(intOption(
-      who, "max_recorded_shapes", get("max_recorded_shapes", py::int_(0)), min_signatures));
-  o.chain_limit =
-      static_cast<int>(intOption(who, "chain_limit", get("chain_limit", py::int_(16)), 1));
-  const py::object policy = get("on_overwrite", py::str("raise"));
-  const bool is_str = py::isinstance<py::str>(policy);
-  const std::string p = is_str ? policy.cast<std::string>() : "";
-  TORCH_CHECK_VALUE(p == "raise" || p == "copy", who,
-                    ": on_overwrite must be 'raise' or 'copy', got ",
-                    py::repr(policy).cast<std::string>());
-  o.copy_on_overwrite = p == "copy";
-  const py::object buckets = get("buckets", py::none());
-  if (!buckets.is_none()) {
-    bool ok = py::isinstance<py::iterable>(buckets) && !py::isinstance<py::str>(buckets);
-    if (ok) {
-      for (py::handle h : buckets) {
-        ok = ok && PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && h.cast<int64_t>() >= 1;
-        if (ok) o.buckets.push_back(h.cast<int64_t>());
-      }
-    }
-    TORCH_CHECK_VALUE(ok && !o.buckets.empty(), who,
-                      ": buckets must be a non-empty sequence of ints >= 1, got ",
-                      py::repr(buckets).cast<std::string>());
-    std::sort(o.buckets.begin(), o.buckets.end());
-    o.buckets.erase(std::unique(o.buckets.begin(), o.buckets.end()), o.buckets.end());
-  }
-  o.bucket_dim = intOption(who, "bucket_dim", get("bucket_dim", py::int_(0)), 0);
-  return o;
-}
-
 GraphedCallable::GraphedCallable(py::object fn, const GraphOptions& options, py::object module,
                                  std::string name, FunctionMode mode, std::string eager_reason)
     : fn_(std::move(fn)),
       module_(std::move(module)),
       name_(std::move(name)),
-      warmup_iters_(options.warmup_iters),
-      rerecord_limit_(options.rerecord_limit),
-      chain_limit_(options.chain_limit),
-      copy_on_overwrite_(options.copy_on_overwrite),
-      buckets_(options.buckets),
-      bucket_dim_(options.bucket_dim),
+      options_(options),
       mode_(mode),
       eager_reason_(std::move(eager_reason)),
-      max_signatures_(options.max_signatures),
+      signatures_(options.max_recorded_shapes, /*plain_lru=*/mode == FunctionMode::kBackward),
       callable_id_(next_function_id++) {
   TORCH_CHECK_TYPE(PyCallable_Check(fn_.ptr()), "graphtrees.cudagraphify expects a callable, got ",
                    py::str(py::type::of(fn_).attr("__name__")).cast<std::string>());
-  for (int64_t i : options.static_argnums) {
+  for (int64_t i : options_.static_argnums) {
     if (static_cast<size_t>(i) >= static_args_.size()) static_args_.resize(i + 1, 0);
     static_args_[i] = 1;
   }
   unsupported_.id = next_function_id++;
   unsupported_.name = name_;
   unsupported_.callable_id = callable_id_;
+  unsupported_.options = &options_;
 }
 
 void GraphedCallable::refreshModuleTensors() {
@@ -154,57 +75,18 @@ void GraphedCallable::refreshModuleTensors() {
   module_epoch_ = e;
 }
 
-// Note [Eviction without thrashing]
-// With max_recorded_shapes, a new signature normally evicts the least recently used one. When
-// more signatures cycle than fit, that throws every recording away before it replays (a warmup
-// and a recording per call, nothing replayed). So once max_recorded_shapes evictions in a row
-// threw away recordings that never replayed, the callable is thrashing: the recorded signatures
-// are kept and a new one runs eagerly (logged once, with the advice to use buckets) -- unless
-// the least recently used one has gone unused for kIdleFactor * max_recorded_shapes calls, which
-// is how a workload that moved on to other shapes gets them recorded. An eviction of a recording
-// that did replay ends the streak. Backward graphs keep plain LRU: their signatures follow their
-// forwards', and a forward that runs eagerly must not leave its graphed backward waiting.
-bool GraphedCallable::evictLeastRecentlyUsed() {
-  constexpr uint64_t kIdleFactor = 4;
-  std::vector<std::pair<uint64_t, std::string>> order;
-  for (const auto& kv : signatures_) order.emplace_back(kv.second->last_used, kv.first);
-  std::sort(order.begin(), order.end());
-  const bool thrashing = mode_ != FunctionMode::kBackward && wasted_evictions_ >= max_signatures_;
-  if (thrashing && !order.empty() &&
-      use_counter_ - order.front().first < kIdleFactor * static_cast<uint64_t>(max_signatures_)) {
-    return false;
-  }
-  for (const auto& candidate : order) {
-    Signature& victim = *signatures_.at(candidate.second);
-    const bool evicted = TreeRegistry::evictFunction(
+std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c10::Device device) {
+  if (auto found = signatures_.find(flat.key)) return found;
+  const bool room = signatures_.makeRoom([&](const Signature& victim) {
+    return TreeRegistry::evictFunction(
         victim.device, victim.record.id,
         "'" + victim.record.name + "' is the least recently used of " +
             std::to_string(signatures_.size()) + " recorded signatures of '" + name_ +
-            "' (max_recorded_shapes=" + std::to_string(max_signatures_) + ")");
-    if (evicted) {
-      wasted_evictions_ = victim.record.replays == 0 ? wasted_evictions_ + 1 : 0;
-      signatures_.erase(candidate.second);
-      return true;
-    }
-  }
-  return true;  // every one is on the current path: the bound is exceeded for now
-}
-
-std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const FlatArgs& flat,
-                                                                          c10::Device device) {
-  ++use_counter_;
-  auto it = signatures_.find(flat.key);
-  if (it != signatures_.end()) {
-    it->second->last_used = use_counter_;
-    return it->second;
-  }
-  if (max_signatures_ > 0 && signatures_.size() >= static_cast<size_t>(max_signatures_) &&
-      !evictLeastRecentlyUsed()) {
-    return nullptr;
-  }
+            "' (max_recorded_shapes=" + std::to_string(options_.max_recorded_shapes) + ")");
+  });
+  if (!room) return nullptr;
   auto sig = std::make_shared<Signature>();
   sig->device = device;
-  sig->last_used = use_counter_;
   FunctionRecord& r = sig->record;
   r.id = next_function_id++;
   r.mode = mode_;
@@ -213,20 +95,17 @@ std::shared_ptr<GraphedCallable::Signature> GraphedCallable::signatureFor(const 
   r.name = signatures_created_ == 0 ? name_ : name_ + "#" + std::to_string(signatures_created_);
   signatures_created_++;
   r.is_static = flat.is_static;
-  r.warmup_iters = warmup_iters_;
-  r.rerecord_limit = rerecord_limit_;
-  r.chain_limit = chain_limit_;
-  r.copy_on_overwrite = copy_on_overwrite_;
+  r.options = &options_;
   r.generators = flat.generators;
   // Buckets are meant to be many signatures: the warning counts past them.
-  const size_t warn_at = kSignatureWarnLimit + buckets_.size();
-  if (max_signatures_ == 0 && signatures_.size() == warn_at) {
+  const size_t warn_at = kSignatureWarnLimit + options_.buckets.size();
+  if (options_.max_recorded_shapes == 0 && signatures_.size() == warn_at) {
     logMessage(LogLevel::kWarning,
                "'" + name_ + "' has been called with more than " + std::to_string(warn_at) +
                    " distinct signatures (shapes, dtypes or non-tensor argument values); each one "
                    "is warmed up and recorded separately and keeps its own pool memory");
   }
-  signatures_.emplace(flat.key, sig);
+  signatures_.insert(flat.key, sig);
   return sig;
 }
 
@@ -250,40 +129,72 @@ py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwa
 // of the padded result). A batch above the largest bucket runs eagerly. All buckets' recordings
 // live in the one tree and pool; a function whose result mixes the batch (a sum over it, say)
 // sees the zeros, which is the caller's to account for.
+int64_t GraphedCallable::batchOf(const FlatArgs& flat) const {
+  const int64_t d = options_.bucket_dim;
+  for (size_t i = 0; i < flat.keyed_tensors; ++i) {
+    if (!flat.is_static[i] && flat.tensors[i].dim() > d) return flat.tensors[i].size(d);
+  }
+  return -1;
+}
+
+void GraphedCallable::resizeBatch(FlatArgs* flat, int64_t from, int64_t to) const {
+  const int64_t d = options_.bucket_dim;
+  for (size_t i = 0; i < flat->keyed_tensors; ++i) {
+    at::Tensor& t = flat->tensors[i];
+    if (flat->is_static[i] || t.dim() <= d || t.size(d) != from) continue;
+    if (to <= from) {
+      t = t.narrow(d, 0, to).clone();
+      continue;
+    }
+    std::vector<int64_t> sizes = t.sizes().vec();
+    sizes[d] = to;
+    at::Tensor padded = at::zeros(sizes, t.options());
+    padded.narrow(d, 0, from).copy_(t);
+    t = std::move(padded);
+  }
+  flat->rekey();
+}
+
+py::tuple GraphedCallable::resizeExample(const py::args& args, const py::kwargs& kwargs,
+                                         int64_t size) const {
+  FlatArgs flat;
+  flattenArgs(args, kwargs, static_args_, &flat);
+  TORCH_CHECK_VALUE(flat.unsupported.empty(), "capture(): the example arguments include ",
+                    flat.unsupported);
+  const int64_t b = batchOf(flat);
+  TORCH_CHECK_VALUE(b >= 0,
+                    "capture(): the example arguments have no tensor with a batch dimension "
+                    "(dimension ",
+                    options_.bucket_dim, ")");
+  resizeBatch(&flat, b, size);
+  auto rebuilt = rebuildArgs(args, kwargs, flat.tensors);
+  return py::make_tuple(rebuilt.first, rebuilt.second);
+}
+
 py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs) {
-  if (buckets_.empty() || inTreeCall()) return callExact(args, kwargs);
+  const std::vector<int64_t>& buckets = options_.buckets;
+  if (buckets.empty() || inTreeCall()) return callExact(args, kwargs);
   FlatArgs flat;
   flattenArgs(args, kwargs, static_args_, &flat);
   if (!flat.unsupported.empty()) return callExact(args, kwargs, &flat);  // eager, logged there
-  const int64_t d = bucket_dim_;
-  int64_t b = -1;
-  for (size_t i = 0; i < flat.tensors.size() && b < 0; ++i) {
-    if (!flat.is_static[i] && flat.tensors[i].dim() > d) b = flat.tensors[i].size(d);
-  }
+  const int64_t b = batchOf(flat);
   if (b < 0) return callExact(args, kwargs, &flat);
-  auto it = std::lower_bound(buckets_.begin(), buckets_.end(), b);
-  if (it == buckets_.end()) {
+  auto it = std::lower_bound(buckets.begin(), buckets.end(), b);
+  if (it == buckets.end()) {
     return fallback(args, kwargs, flat,
-                    "its batch size (dimension " + std::to_string(d) +
-                        ") is above the largest bucket (" + std::to_string(buckets_.back()) +
+                    "its batch size (dimension " + std::to_string(options_.bucket_dim) +
+                        ") is above the largest bucket (" + std::to_string(buckets.back()) +
                         "); add a larger bucket to graph it");
   }
   const int64_t bucket = *it;
   if (bucket == b) return callExact(args, kwargs, &flat);
-  for (size_t i = 0; i < flat.tensors.size(); ++i) {
-    at::Tensor& t = flat.tensors[i];
-    if (flat.is_static[i] || t.dim() <= d || t.size(d) != b) continue;
-    std::vector<int64_t> sizes = t.sizes().vec();
-    sizes[d] = bucket;
-    at::Tensor padded = at::zeros(sizes, t.options());
-    padded.narrow(d, 0, b).copy_(t);
-    t = std::move(padded);
-  }
+  resizeBatch(&flat, b, bucket);  // the key follows the padded tensors: no second flatten
   auto rebuilt = rebuildArgs(args, kwargs, flat.tensors);
   py::object out = callExact(py::reinterpret_borrow<py::args>(rebuilt.first),
-                             py::reinterpret_borrow<py::kwargs>(rebuilt.second));
+                             py::reinterpret_borrow<py::kwargs>(rebuilt.second), &flat);
   std::vector<at::Tensor> outs;
   const OutputSpec spec = OutputSpec::flatten(out, &outs, name_);
+  const int64_t d = options_.bucket_dim;
   for (at::Tensor& t : outs) {
     if (t.dim() > d && t.size(d) == bucket) t = t.narrow(d, 0, b);
   }
@@ -352,7 +263,7 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     return fallback(args, kwargs, flat,
                     "more call signatures (shapes, dtypes, argument values) keep coming than "
                     "max_recorded_shapes=" +
-                        std::to_string(max_signatures_) +
+                        std::to_string(options_.max_recorded_shapes) +
                         " recordings are kept for, and every eviction threw away a recording "
                         "that never replayed; the recorded signatures are kept and new ones run "
                         "eagerly. Pass buckets=[...] to graphtrees.cudagraphify to pad batch "
@@ -371,7 +282,7 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
       // failed run's frames hold before it does anything else.
       clearTracebackFrames(e);
       // Out of memory comes back as the C++ error it started as, which the tree handles (Note
-      // [Out of memory] in TreeManager.cpp).
+      // [Out of memory] in TreeManager.h).
       if (e.matches(outOfMemoryErrorType())) {
         const std::string what = py::str(e.value()).cast<std::string>();
         TORCH_CHECK_WITH(OutOfMemoryError, false, what);
@@ -415,11 +326,11 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
 
 py::list GraphedCallable::signatures() const {
   py::list out;
-  for (const auto& kv : signatures_) {
-    const FunctionRecord& r = kv.second->record;
+  signatures_.forEach([&](const Signature& sig) {
+    const FunctionRecord& r = sig.record;
     // Warmups and re-records are per tree: the calling thread's.
     const FunctionState* state = nullptr;
-    TreeRegistry::Handle tree = TreeRegistry::acquire(kv.second->device, /*create=*/false);
+    TreeRegistry::Handle tree = TreeRegistry::acquire(sig.device, /*create=*/false);
     if (tree) state = tree->functionState(r.id);
     py::dict d;
     d["function_id"] = r.id;
@@ -428,7 +339,7 @@ py::list GraphedCallable::signatures() const {
     d["rerecords"] = state ? state->rerecords : 0;
     d["eager_reason"] = r.eager_reason.empty() ? py::object(py::none()) : py::str(r.eager_reason);
     out.append(d);
-  }
+  });
   return out;
 }
 

@@ -3,39 +3,20 @@
 // The object `graphtrees.cudagraphify()` returns: a callable that flattens its arguments in C++,
 // picks the function record for the call signature, and hands the call to the device's tree.
 
+#include "FunctionRecord.h"
+#include "GraphOptions.h"
 #include "PyTree.h"
-#include "TreeManager.h"
+#include "SignatureCache.h"
 
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 namespace graphtrees {
-
-// The options of a graphed callable, validated (validateOptions()).
-struct GraphOptions {
-  std::vector<int64_t> static_argnums;
-  int warmup_iters = 1;
-  int rerecord_limit = 8;
-  int max_signatures = 0;          // > 0 bounds the recorded signatures (LRU eviction past it)
-  int chain_limit = 16;            // runs on its own outputs in one step before a new step
-  bool copy_on_overwrite = false;  // on_overwrite="copy"
-  std::vector<int64_t> buckets;    // sorted, unique; empty: no padding
-  int64_t bucket_dim = 0;
-};
-
-// The one place where user-facing options are checked (cudagraphify and graphtrees.compile both
-// come here): `options` holds any of static_argnums, warmup_iters, rerecord_limit,
-// max_recorded_shapes, on_overwrite, chain_limit, buckets, bucket_dim (defaults for the others).
-// ValueError (or TypeError for an unknown option) naming `who`. max_recorded_shapes is at least
-// `min_signatures` (0 means unbounded).
-GraphOptions validateOptions(const std::string& who, const py::dict& options,
-                             int64_t min_signatures = 0);
 
 class GraphedCallable {
  public:
@@ -48,9 +29,10 @@ class GraphedCallable {
   // (Note [Buckets]); then callExact().
   py::object call(const py::args& args, const py::kwargs& kwargs);
 
-  const std::vector<int64_t>& buckets() const { return buckets_; }
-  int64_t bucketDim() const { return bucket_dim_; }
-  int warmupIters() const { return warmup_iters_; }
+  const GraphOptions& options() const { return options_; }
+  // The example arguments with every non-static tensor's batch (Note [Buckets]) cut or
+  // zero-padded to `size`, as (args, kwargs): what wrapped.capture() records each bucket with.
+  py::tuple resizeExample(const py::args& args, const py::kwargs& kwargs, int64_t size) const;
 
   // Per-signature state, for introspection.
   py::list signatures() const;
@@ -61,44 +43,28 @@ class GraphedCallable {
   static void bumpModuleEpoch() { module_epoch_counter_++; }
 
  private:
-  struct Signature {
-    FunctionRecord record;
-    std::unique_ptr<OutputSpec> spec;
-    c10::Device device = c10::Device(c10::DeviceType::CPU);
-    uint64_t last_used = 0;
-  };
-
   // `flat`: the arguments already flattened (without module tensors), or nullptr.
   py::object callExact(const py::args& args, const py::kwargs& kwargs, FlatArgs* flat = nullptr);
   py::object fallback(const py::args& args, const py::kwargs& kwargs, const FlatArgs& flat,
                       const std::string& reason);
-  // Shared, so that a call in flight keeps its signature even if another thread evicts it.
   // nullptr when the signature is new and Note [Eviction without thrashing] keeps the recorded
   // ones instead.
   std::shared_ptr<Signature> signatureFor(const FlatArgs& flat, c10::Device device);
-  // False when the least recently used signature is too hot to evict (thrashing).
-  bool evictLeastRecentlyUsed();
   void refreshModuleTensors();
+  // Note [Buckets]: the call's batch size, or -1; the padding (or cut) of its tensors.
+  int64_t batchOf(const FlatArgs& flat) const;
+  void resizeBatch(FlatArgs* flat, int64_t from, int64_t to) const;
 
   py::object fn_;
   py::object module_;
   std::string name_;
-  std::vector<uint8_t> static_args_;
-  int warmup_iters_;
-  int rerecord_limit_;
-  int chain_limit_;
-  bool copy_on_overwrite_;
-  std::vector<int64_t> buckets_;
-  int64_t bucket_dim_;
+  const GraphOptions options_;
+  std::vector<uint8_t> static_args_;  // options_.static_argnums, as a mask over positions
   FunctionMode mode_;
   std::string eager_reason_;
-  int max_signatures_;
-  uint64_t use_counter_ = 0;  // calls (one tick each)
-  // Evictions in a row that threw away a recording that never replayed.
-  int wasted_evictions_ = 0;
+  SignatureCache signatures_;
   int64_t callable_id_;
   int64_t signatures_created_ = 0;
-  std::unordered_map<std::string, std::shared_ptr<Signature>> signatures_;
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists
   std::unordered_set<std::string> logged_reasons_;  // fallbacks with no tree to count them
   std::vector<at::Tensor> module_tensors_;

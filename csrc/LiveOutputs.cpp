@@ -1,11 +1,10 @@
 #include "LiveOutputs.h"
 
-#include <c10/core/DeviceGuard.h>
-
 #include "Logging.h"
 #include "TreeNode.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <c10/util/UniqueVoidPtr.h>
 
@@ -24,6 +23,20 @@ std::string overwriteMessage(const std::string& producer, const std::string& by)
 }
 
 }  // namespace
+
+void LiveOutputs::trackWarmupOutputs(const std::vector<at::Tensor>& outputs,
+                                     const std::vector<at::Tensor>& inputs,
+                                     const std::string& producer, bool copy_on_overwrite,
+                                     int64_t generation) {
+  std::unordered_set<const c10::StorageImpl*> input_storages;
+  for (const auto& t : inputs) input_storages.insert(t.storage().unsafeGetStorageImpl());
+  for (const auto& t : outputs) {
+    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    if (input_storages.count(impl) || contains(impl) || impl->nbytes() == 0) continue;
+    if (!backend_.inPool(impl->data())) continue;
+    track(t.storage(), newSlot(), nullptr, producer, copy_on_overwrite, generation);
+  }
+}
 
 void LiveOutputs::track(const c10::Storage& storage, int64_t slot, TreeNode* node,
                         const std::string& producer, bool copy_on_overwrite, int64_t generation) {
@@ -140,7 +153,7 @@ void LiveOutputs::migrate(const LiveOutput& e, c10::StorageImpl& storage) {
       .copy_(makeTensor(nonOwningStorage(e.ptr, e.nbytes, device), bytes));
   if (disown(storage)) backend_.freeBlock(reinterpret_cast<void*>(e.ptr));
   storage.set_data_ptr_noswap(std::move(fresh));
-  migrations_++;
+  counters_.num_migrations++;
 }
 
 void LiveOutputs::moveOutOfPool(c10::StorageImpl& storage) {
@@ -179,7 +192,7 @@ void LiveOutputs::invalidate(const LiveOutput& e, c10::StorageImpl& storage,
   }
   if (disown(storage)) backend_.freeBlock(reinterpret_cast<void*>(e.ptr));
   storage.release_data_and_set_meta_custom_data_ptr_error_msg_(overwriteMessage(e.producer, why));
-  invalidations_++;
+  counters_.num_invalidations++;
 }
 
 std::vector<c10::intrusive_ptr<c10::StorageImpl>> LiveOutputs::disownAll() {

@@ -21,12 +21,13 @@
 //   disowned    only inside a restore: an owning output gives up its block (its deleter becomes a
 //               no-op) because the restore frees every block; afterwards it adopts the restored
 //               block again, or takes its ownership back if the restore failed before changing
-//               the pool (see Note [Failed restores] in TreeManager.cpp).
+//               the pool (see Note [Failed restores] in PoolBookkeeping.cpp).
 // The invariant the tests check after every call (checkInvariants): the pool's allocated blocks
 // are exactly the blocks that owning outputs hold, and while the bookkeeping is exact (no replay
 // since the last restore) no live output is non-owning.
 
 #include "Backend.h"
+#include "TreeCounters.h"
 
 #include <c10/core/Storage.h>
 #include <c10/core/StorageImpl.h>
@@ -55,11 +56,17 @@ struct LiveOutput {
 
 class LiveOutputs {
  public:
-  explicit LiveOutputs(Backend& backend) : backend_(backend) {}
+  // `counters`: the tree's (num_invalidations, num_migrations), Note [Tree counters].
+  LiveOutputs(Backend& backend, TreeCounters& counters) : backend_(backend), counters_(counters) {}
 
   int64_t newSlot() { return next_slot_++; }
   void track(const c10::Storage& storage, int64_t slot, TreeNode* node, const std::string& producer,
              bool copy_on_overwrite, int64_t generation);
+  // Tracks the outputs of a warmup that own a pool block of their own (not an input's storage,
+  // not an output tracked already), without a node.
+  void trackWarmupOutputs(const std::vector<at::Tensor>& outputs,
+                          const std::vector<at::Tensor>& inputs, const std::string& producer,
+                          bool copy_on_overwrite, int64_t generation);
 
   // The entry of a storage, or nullptr.
   const LiveOutput* find(const c10::StorageImpl* storage) const;
@@ -123,7 +130,7 @@ class LiveOutputs {
   // If `storage` owns a pool block, makes its deleter a no-op and returns true.
   bool disown(c10::StorageImpl& storage) const;
 
-  // The restore protocol (Note [Checkpointing] in TreeManager.cpp). disownAll() makes every
+  // The restore protocol (Note [Checkpointing] in PoolBookkeeping.cpp). disownAll() makes every
   // owning output give up its block and returns them; reown() gives it back (a restore that
   // failed before changing the pool); adopt() hands each live output outside `at_risk` the
   // restored block at its address and invalidates the others.
@@ -148,9 +155,6 @@ class LiveOutputs {
   // Note [Output ownership]'s invariant; `bookkeeping_exact`: no replay since the last restore.
   bool checkInvariants(bool bookkeeping_exact, std::string* why);
 
-  int64_t invalidations() const { return invalidations_; }
-  int64_t migrations() const { return migrations_; }
-
  private:
   using Map = std::unordered_map<int64_t, LiveOutput>;
   static bool isGone(const LiveOutput& e, const c10::StorageImpl& storage) {
@@ -166,8 +170,7 @@ class LiveOutputs {
   std::unordered_map<const c10::StorageImpl*, int64_t> slot_of_;
   std::vector<int64_t> generation_slots_;  // slots tracked since the generation began
   int64_t next_slot_ = 1;
-  int64_t invalidations_ = 0;
-  int64_t migrations_ = 0;
+  TreeCounters& counters_;
 };
 
 }  // namespace graphtrees

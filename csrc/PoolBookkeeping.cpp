@@ -1,7 +1,8 @@
 #include "PoolBookkeeping.h"
 
+#include "FailureInjection.h"
 #include "Logging.h"
-#include "ProcessState.h"
+#include "PythonHooks.h"
 #include "TreeInfo.h"
 
 #include <c10/util/Exception.h>
@@ -127,16 +128,17 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
   }
   disowned.clear();
   live_.adopt(&restored, unprotected);
-  restores_++;
+  counters_.num_checkpoints++;
   stale_ = false;
-  logMessage(LogLevel::kDebug, "restored the pool to the checkpoint of node " +
-                                   std::to_string(node->id()) + " ('" + node->functionName() +
-                                   "'); checkpoints so far: " + std::to_string(restores_));
+  logMessage(LogLevel::kDebug,
+             "restored the pool to the checkpoint of node " + std::to_string(node->id()) + " ('" +
+                 node->functionName() +
+                 "'); checkpoints so far: " + std::to_string(counters_.num_checkpoints));
 }
 
 int64_t PoolBookkeeping::releaseUnneededSegments(const TreeNode& root) {
   const int64_t freed = backend_.releaseFreeSegments(checkpointsBelow(root));
-  bytes_released_ += freed;
+  counters_.bytes_released += freed;
   return freed;
 }
 

@@ -6,6 +6,7 @@
 
 #include "Backend.h"
 #include "LiveOutputs.h"
+#include "TreeCounters.h"
 #include "TreeNode.h"
 
 #include <ATen/core/Tensor.h>
@@ -28,7 +29,9 @@ class RestoreFailed : public std::runtime_error {
 
 class PoolBookkeeping {
  public:
-  PoolBookkeeping(Backend& backend, LiveOutputs& live) : backend_(backend), live_(live) {}
+  // `counters`: the tree's (num_checkpoints, bytes_released), Note [Tree counters].
+  PoolBookkeeping(Backend& backend, LiveOutputs& live, TreeCounters& counters)
+      : backend_(backend), live_(live), counters_(counters) {}
 
   // A replay wrote pool memory without telling the allocator.
   void markStale() { stale_ = true; }
@@ -58,9 +61,7 @@ class PoolBookkeeping {
   // Returns the pool's free segments that no checkpoint of a node below `root` includes (Note
   // [Memory budget] in Backend.h); the bytes freed.
   int64_t releaseUnneededSegments(const TreeNode& root);
-  int64_t bytesReleased() const { return bytes_released_; }
 
-  int64_t restores() const { return restores_; }
   // Pool bytes a restore that failed half-way left unreachable.
   int64_t leakedBytes() const { return leaked_bytes_; }
 
@@ -73,9 +74,8 @@ class PoolBookkeeping {
   Backend& backend_;
   LiveOutputs& live_;
   bool stale_ = false;
-  int64_t restores_ = 0;
+  TreeCounters& counters_;
   int64_t leaked_bytes_ = 0;
-  int64_t bytes_released_ = 0;
 };
 
 }  // namespace graphtrees

@@ -46,6 +46,19 @@ bool isNamedTuple(PyObject* obj) {
          PyObject_HasAttrString(reinterpret_cast<PyObject*>(Py_TYPE(obj)), "_fields");
 }
 
+void appendTensorKey(std::string* key, const at::Tensor& t, bool is_static) {
+  appendRaw(key, static_cast<int8_t>(t.scalar_type()));
+  appendRaw(key, static_cast<int8_t>(t.device().type()));
+  appendRaw(key, static_cast<int8_t>(t.device().index()));
+  // requires_grad only changes what a call does while grad mode is on (under no_grad and in
+  // AOTAutograd's forward/backward graphs it does not), so it is keyed only then.
+  key->push_back(t.requires_grad() && at::GradMode::is_enabled() ? 1 : 0);
+  key->push_back(static_cast<char>(is_static));
+  appendRaw(key, static_cast<int16_t>(t.dim()));
+  for (int64_t s : t.sizes()) appendRaw(key, s);
+  for (int64_t s : t.strides()) appendRaw(key, s);
+}
+
 void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
   if (!out->unsupported.empty()) return;
   std::string* key = &out->key;
@@ -64,17 +77,7 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
                          " (only strided tensors with storage can be graphed)";
       return;
     }
-    key->push_back('T');
-    appendRaw(key, static_cast<int8_t>(t.scalar_type()));
-    appendRaw(key, static_cast<int8_t>(t.device().type()));
-    appendRaw(key, static_cast<int8_t>(t.device().index()));
-    // requires_grad only changes what a call does while grad mode is on (under no_grad and in
-    // AOTAutograd's forward/backward graphs it does not), so it is keyed only then.
-    key->push_back(t.requires_grad() && at::GradMode::is_enabled() ? 1 : 0);
-    key->push_back(static_cast<char>(is_static));
-    appendRaw(key, static_cast<int16_t>(t.dim()));
-    for (int64_t s : t.sizes()) appendRaw(key, s);
-    for (int64_t s : t.strides()) appendRaw(key, s);
+    key->push_back('T');  // its metadata follows the structure (FlatArgs::rekey())
     out->tensors.push_back(t);
     out->is_static.push_back(is_static ? 1 : 0);
   } else if (obj == Py_None) {
@@ -240,6 +243,15 @@ void flattenArgs(py::handle args, py::handle kwargs, const std::vector<uint8_t>&
     out->key.push_back('K');
     flattenArg(kwargs.ptr(), false, 0, out);
   }
+  out->structure_bytes = out->key.size();
+  out->keyed_tensors = out->tensors.size();
+  out->rekey();
+}
+
+void FlatArgs::rekey() {
+  key.resize(structure_bytes);
+  key.reserve(structure_bytes + keyed_tensors * 40);
+  for (size_t i = 0; i < keyed_tensors; ++i) appendTensorKey(&key, tensors[i], is_static[i] != 0);
 }
 
 std::pair<py::tuple, py::dict> rebuildArgs(py::handle args, py::handle kwargs,

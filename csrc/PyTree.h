@@ -30,10 +30,19 @@ void setPyTreeHooks(py::object flatten, py::object unflatten);
 
 struct FlatArgs {
   std::vector<at::Tensor> tensors;
-  std::vector<uint8_t> is_static;  // per tensor
+  std::vector<uint8_t> is_static;         // per tensor
   std::vector<at::Generator> generators;  // torch.Generator arguments, in order
-  std::string key;                        // the call signature
-  std::string unsupported;         // why the arguments cannot be graphed, if they cannot
+  // The call signature: the structure bytes (containers, non-tensor values, a 'T' per tensor),
+  // then each argument tensor's metadata. Whoever appends to it afterwards (the wrapper's module
+  // tensors and autocast state) does so after rekey().
+  std::string key;
+  std::string unsupported;  // why the arguments cannot be graphed, if they cannot
+  size_t structure_bytes = 0;
+  size_t keyed_tensors = 0;  // the argument tensors (the first ones of `tensors`)
+
+  // Recomputes the key's tensor part after the argument tensors changed (bucket padding), without
+  // flattening the arguments again.
+  void rekey();
 };
 
 // Flattens `args` and `kwargs`. Tensors inside positional argument i are static when

@@ -4,6 +4,7 @@
 // Everything here is a pure function of the snapshot.
 
 #include "Backend.h"
+#include "TreeCounters.h"
 #include "TreeNode.h"
 
 #include <cstdint>
@@ -33,22 +34,11 @@ struct TreeInfo {
   int64_t thread = 0;  // graphtrees' number of the thread the tree belongs to
   std::string state = "none";
   int64_t generation = 0;
-  int64_t num_nodes = 0;
+  TreeCounters counters;
   int64_t num_roots = 0;
-  int64_t num_checkpoints = 0;
-  int64_t num_rerecords = 0;
-  int64_t num_fallbacks = 0;
-  int64_t num_warmups = 0;
-  int64_t num_recordings = 0;
-  int64_t num_replays = 0;
-  int64_t num_invalidations = 0;
-  int64_t num_evictions = 0;
-  int64_t num_out_of_memory = 0;  // warmups and recordings an allocation failure turned eager
-  int64_t bytes_released = 0;     // pool segments returned to the device (evictions, OOMs)
-  int64_t memory_budget = -1;     // graphtrees.set_memory_budget; -1: none
-  int64_t num_migrations = 0;     // gradients copied out of the pool instead of invalidated
-  int64_t retired_trees = 0;      // filled by the registry: trees retired after a failed restore
-  int64_t leaked_bytes = 0;       // filled by the registry: bytes a half-done restore left behind
+  int64_t memory_budget = -1;  // graphtrees.set_memory_budget; -1: none
+  int64_t retired_trees = 0;   // filled by the registry: trees retired after a failed restore
+  int64_t leaked_bytes = 0;    // filled by the registry: bytes a half-done restore left behind
   bool pending_backward = false;
   int64_t live_outputs = 0;
   int64_t current_node = -1;

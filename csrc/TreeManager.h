@@ -7,14 +7,15 @@
 // memory a later run overwrites. It talks to the device only through the Backend interface.
 
 #include "Backend.h"
+#include "FunctionRecord.h"
 #include "LiveOutputs.h"
+#include "PathPolicy.h"
 #include "PoolBookkeeping.h"
-#include "ProcessState.h"
+#include "ThreadState.h"
 #include "TreeInfo.h"
 #include "TreeNode.h"
 
-#include <ATen/core/Generator.h>
-
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -25,64 +26,6 @@
 #include <vector>
 
 namespace graphtrees {
-
-// Per wrapped callable (all its signatures), per tree: when it last ran, for Note [Ending a path].
-struct CallableState {
-  int64_t last_generation = -1;
-  int runs_in_generation = 0;
-};
-
-// Per function, per tree.
-struct FunctionState {
-  int warmups = 0;
-  int rerecords = 0;
-  // Note [Out of memory]: num_evictions of the tree when a warmup or recording of this function
-  // ran out of memory (-1: it did not); it tries again once an eviction happened since.
-  int64_t oom_at_evictions = -1;
-  std::string oom_reason;
-};
-
-// What a function is in a training step (see Note [Pending backward]).
-enum class FunctionMode : uint8_t { kInference, kForward, kBackward };
-
-// One function of the tree: a wrapped callable with one call signature. Owned by the wrapper;
-// a tree refers to it by id only, so a wrapper may die while its recordings stay in the tree.
-// Several trees (one per thread) may run it; what is per tree lives in the tree.
-struct FunctionRecord {
-  int64_t id = 0;
-  int64_t callable_id = 0;  // shared by every signature of one wrapped callable
-  FunctionMode mode = FunctionMode::kInference;
-  std::string name;
-  std::vector<uint8_t> is_static;  // per flat input
-  int warmup_iters = 1;
-  int rerecord_limit = 8;
-  // Runs on outputs of its own step before a new step starts anyway (a feedback loop h = f(h)).
-  int chain_limit = 16;
-  // on_overwrite="copy": an output the user still holds when a later run is about to write its
-  // memory is copied out of the pool instead of invalidated (Note [Output ownership]).
-  bool copy_on_overwrite = false;
-
-  // The torch.Generator objects among its arguments (part of its signature, by identity): a
-  // recording registers them with the graph, so that each replay draws fresh numbers from them.
-  std::vector<at::Generator> generators;
-
-  // Why the function runs eagerly from now on; empty while it is graphed.
-  std::string eager_reason;
-  int64_t replays = 0;  // over its life, in every tree: GraphedCallable's eviction policy
-
-  // The tree that ran it last (its serial) and this record's state there: a cache of the
-  // tree's own maps, so that a call costs no lookup when one thread runs the function.
-  int64_t state_tree = -1;
-  FunctionState* state = nullptr;
-  CallableState* callable_state = nullptr;
-};
-
-enum class RunKind { kEager, kWarmup, kRecord, kReplay };
-
-struct CallResult {
-  std::vector<at::Tensor> outputs;
-  RunKind kind = RunKind::kEager;
-};
 
 class TreeManager {
  public:
@@ -124,11 +67,23 @@ class TreeManager {
     auto it = functions_.find(function_id);
     return it == functions_.end() ? nullptr : &it->second;
   }
-  const StepCounter& steps() const { return steps_; }
+  const StepCounter& steps() const { return policy_.steps(); }
   // Whether any of `tensors` is a live output of this tree.
-  bool producedAny(const std::vector<at::Tensor>& tensors);
+  bool producedAny(const std::vector<at::Tensor>& tensors) const {
+    return std::any_of(tensors.begin(), tensors.end(), [&](const at::Tensor& t) {
+      return t.defined() && t.has_storage() && live_.contains(t.storage().unsafeGetStorageImpl());
+    });
+  }
   // Live outputs, after dropping the dead ones.
-  int64_t liveOutputs();
+  int64_t liveOutputs() {
+    live_.pruneGone();
+    return static_cast<int64_t>(live_.size());
+  }
+  // True iff no call holds the tree and none of its outputs is alive (an orphan may be freed).
+  bool idle() {
+    std::unique_lock<std::recursive_mutex> lock(mutex_, std::try_to_lock);
+    return lock.owns_lock() && liveOutputs() == 0;
+  }
   std::string backendName() const { return backend_->name(); }
   // Note [Memory budget] in Backend.h; -1: none.
   void setMemoryBudget(int64_t bytes) {
@@ -138,9 +93,11 @@ class TreeManager {
 
   // Pool bytes a restore that failed half-way left unreachable (Note [Failed restores]).
   int64_t leakedBytes() const { return bookkeeping_.leakedBytes(); }
-  std::recursive_mutex& mutex() { return mutex_; }
 
  private:
+  friend class TreeRegistry;  // holds mutex() for the length of a call (TreeRegistry::Handle)
+  std::recursive_mutex& mutex() { return mutex_; }
+
   enum class PathState { kNone, kWarmup, kRecording, kExecution };
 
   // How this call's inputs relate to the tree, and the key its node is found by (Note [Matching a
@@ -157,26 +114,73 @@ class TreeManager {
   // This tree's state of `fn` (cached in the record).
   FunctionState& stateOf(FunctionRecord& fn);
   void endPath(const std::string& why, const std::vector<at::Tensor>& spare);
-  bool mustStayDeadHolds(const TreeNode& node) const;
 
   CallResult runEager(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run,
                       const std::string& reason);
-  // The inputs a warmup or recording runs on (Note [The inputs a run uses] in TreeManager.cpp).
+  // Note [The inputs a run uses]
+  // Before a warmup or a recording allocates in the pool, prepareToAllocate() may restore the pool
+  // to a checkpoint; a live output that the restore does not protect is invalidated, and an input
+  // that is such an output is replaced by a clone first. From then on the call's own argument list
+  // names tensors that raise "overwritten" when read: every run of the function -- the warmup, the
+  // capture and each of their eager fallbacks (rejected capture, input mutation, failed checkpoint,
+  // out of memory) -- must use the prepared list. warmup() and record() therefore receive only the
+  // prepared list (allocationInputs()), so the caller's list cannot be named by mistake.
+  // The inputs a warmup or recording runs on.
   std::vector<at::Tensor> allocationInputs(const FunctionRecord& fn,
                                            const std::vector<at::Tensor>& inputs);
   // `ins`: allocationInputs() of the call. `retried`: this is the one retry after an out-of-memory
   // error that Backend::freeCachedMemory() made room for.
   CallResult warmup(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
                     bool retried = false);
+  // Note [Errors during a capture]
+  // The warmup ran this function on the same kind of inputs without an error, so an error now
+  // comes from the capture itself: torch refuses a host read, a pageable host-to-device copy or
+  // an unregistered generator with a check before any CUDA call (the stream capture stays
+  // valid, the backend ended it cleanly), or the function takes another path when
+  // torch.cuda.is_current_stream_capturing() says True. Either way it is a rejected capture:
+  // the function runs eagerly from now on, with the reason logged once. Only if the eager run
+  // fails too is the error the user's own; then it propagates and the function is not marked
+  // eager. A keyboard interrupt, or an error that the run itself turned into an eager reason,
+  // propagates as it is.
+  // A recording is three steps; the first two return false with the call's result in
+  // `*fallback` when the function runs eagerly instead.
   CallResult record(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
                     const CallKey& key, bool retried = false);
+  bool copyIntoPlaceholders(FunctionRecord& fn, const std::vector<at::Tensor>& ins,
+                            const RunFn& run, const CallKey& key, bool retried, Recording* rec,
+                            CallResult* fallback);
+  bool capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
+               const CallKey& key, bool retried, Recording* rec, CallResult* fallback);
+  CallResult publish(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
+                     Recording&& rec);
   CallResult replay(TreeNode& node, FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                     const RunFn& run);
-  TreeNode* findChild(const FunctionRecord& fn, const CallKey& key, std::string* mismatch) const;
-  void noteGenerationRun(FunctionRecord& fn);
+  // The recording of this call under the current node, or nullptr with why none matches.
+  TreeNode* findChild(const FunctionRecord& fn, const CallKey& key, std::string* mismatch) const {
+    const TreeNode& parent = current_ != nullptr ? *current_ : root_;
+    return parent.matchingChild(
+        fn.id, key.kinds, key.key_ptrs, key.key_hash,
+        [this](int64_t slot) { return live_.liveInGeneration(slot, policy_.generation()); },
+        mismatch);
+  }
+  // Note [Pinned gradients]
+  // A backward's outputs are gradients. Autograd "steals" a gradient whose only reference is its
+  // own (it becomes .grad without a copy) and accumulates in place into such buffers; a gradient in
+  // pool memory would then be overwritten by the next replay. The tree keeps one extra reference to
+  // each backward output until the node runs again or the step ends, so autograd copies gradients
+  // into .grad, as it does for any gradient it cannot steal.
   void finishRun(FunctionRecord& fn, const CallResult& result);
   void removeNode(TreeNode* node, const std::string& why);
-  // Note [Out of memory].
+  // Note [Out of memory]
+  // An allocation that fails while a warmup, the placeholders or a capture allocate in the pool
+  // (the device is out of memory, or the pool reached its budget: Note [Memory budget] in
+  // Backend.h) leaves the tree and the pool as they were: the failed run's tensors are freed as the
+  // error unwinds (the backend undoes a capture), nothing was published, and the segments the
+  // failed run added that no checkpoint needs go back to the device. The call then runs eagerly,
+  // with the reason logged. Under a budget, recordings off the current path are evicted, least
+  // recently used first, until enough segments came free. The function tries again at a later call
+  // once an eviction happened (or after reset()); until then it warms up and records nothing and
+  // runs eagerly, while its existing recordings still replay.
   CallResult outOfMemory(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                          const RunFn& run, const char* during, const std::string& what);
   // Evicts recordings off the current path that produced none of `inputs`, least recently used
@@ -185,12 +189,12 @@ class TreeManager {
   int64_t evictForMemory(const std::vector<at::Tensor>& inputs, std::string* evicted);
 
   std::unique_ptr<Backend> backend_;
-  const int64_t serial_;  // unique over the process's life (FunctionRecord::state_tree)
+  const int64_t serial_;  // unique over the process's life (FunctionRecord::cache)
   const int64_t owner_;
-  const StepCounter steps_;
   std::unordered_map<int64_t, FunctionState> functions_;  // by function id; never erased
-  std::unordered_map<int64_t, CallableState> callables_;  // by callable id; never erased
   std::recursive_mutex mutex_;
+  TreeCounters counters_;  // Note [Tree counters]; lent to live_ and bookkeeping_
+  PathPolicy policy_;      // Note [Ending a path]
   LiveOutputs live_;
   PoolBookkeeping bookkeeping_;  // Note [Checkpointing]
   TreeNode root_;                // sentinel: its children are the roots
@@ -198,29 +202,16 @@ class TreeManager {
   TreeNode* current_ = nullptr;
   PathState state_ = PathState::kNone;
   bool closed_ = false;
-  int64_t generation_ = 0;
-  int64_t seen_step_ = 0;
   int64_t next_node_id_ = 0;
   uint64_t use_clock_ = 0;  // ticks at every recording and replay (TreeNode::last_used_)
   int64_t budget_ = -1;
   std::unordered_set<int64_t> root_functions_;
   std::unordered_set<std::string> logged_;
-  // A forward ran and its backward has not run yet: no new generation starts on its own.
-  int64_t pending_forwards_ = 0;
   // Outputs of backward functions, held until the node (or the function, for a warmup) runs again
   // or the step ends, so that autograd copies gradients into .grad instead of stealing pool
   // memory (see Note [Pinned gradients]).
   std::unordered_map<int64_t, std::vector<at::Tensor>> pinned_by_node_;
   std::unordered_map<int64_t, std::vector<at::Tensor>> pinned_by_warmup_function_;
-
-  int64_t num_rerecords_ = 0;
-  int64_t num_fallbacks_ = 0;
-  int64_t num_warmups_ = 0;
-  int64_t num_recordings_ = 0;
-  int64_t num_replays_ = 0;
-  int64_t num_evictions_ = 0;
-  int64_t num_oom_ = 0;  // warmups and recordings that ran out of memory
-  int64_t num_nodes_ = 0;
 };
 
 }  // namespace graphtrees

@@ -276,6 +276,39 @@ std::vector<const Checkpoint*> checkpointsBelow(const TreeNode& root) {
   return out;
 }
 
+TreeNode* TreeNode::matchingChild(int64_t function_id, const std::vector<InputKind>& kinds,
+                                  const std::vector<uintptr_t>& key_ptrs, uint64_t key_hash,
+                                  const std::function<bool(int64_t)>& alive,
+                                  std::string* mismatch) const {
+  if (const auto* candidates = childrenFor(key_hash)) {
+    for (TreeNode* c : *candidates) {
+      if (!c->keyEquals(function_id, key_ptrs)) continue;
+      if (std::none_of(c->must_stay_dead_.begin(), c->must_stay_dead_.end(), alive)) return c;
+      *mismatch = "an output of an earlier call in this step that was dead when node " +
+                  std::to_string(c->id()) + " was recorded is alive now";
+    }
+  }
+  // Explain why no recording of this function under this node matches (rare path).
+  for (const auto& c : owned_) {
+    if (!mismatch->empty()) break;
+    if (c->function_id_ == function_id) *mismatch = c->whyKeyDiffers(kinds, key_ptrs);
+  }
+  return nullptr;
+}
+
+// Copied inputs' current values, read before the replay writes anything: a source inside memory
+// the replay writes is cloned first.
+std::vector<at::Tensor> TreeNode::replaySources(const std::vector<at::Tensor>& inputs) const {
+  std::vector<at::Tensor> sources;
+  sources.reserve(copied_inputs_.size());
+  for (int64_t i : copied_inputs_) {
+    const at::Tensor& src = inputs[i];
+    const auto begin = reinterpret_cast<uintptr_t>(src.storage().data());
+    sources.push_back(overlapsFootprint(begin, begin + src.storage().nbytes()) ? src.clone() : src);
+  }
+  return sources;
+}
+
 void TreeNode::publish(NodeCheckpoint checkpoint) {
   TORCH_INTERNAL_ASSERT(!published() && checkpoint.pool != nullptr,
                         "a node is published once, with a checkpoint");

@@ -153,6 +153,13 @@ class TreeNode {
   std::string whyKeyDiffers(const std::vector<InputKind>& kinds,
                             const std::vector<uintptr_t>& key_ptrs) const;
 
+  // The child recorded for a call of `function_id` with this key (Note [Matching a child]) whose
+  // must-stay-dead slots are all dead (`alive(slot)` says), or nullptr, with `*mismatch` saying
+  // why no child of the function matches.
+  TreeNode* matchingChild(int64_t function_id, const std::vector<InputKind>& kinds,
+                          const std::vector<uintptr_t>& key_ptrs, uint64_t key_hash,
+                          const std::function<bool(int64_t)>& alive, std::string* mismatch) const;
+
   // The children recorded under this key hash (in recording order), or nullptr.
   const std::vector<TreeNode*>* childrenFor(uint64_t hash) const {
     auto it = children_.find(hash);
@@ -172,6 +179,10 @@ class TreeNode {
   // Whether [begin, end) overlaps memory this node's replay writes (Note [Footprints and stale
   // outputs]).
   bool overlapsFootprint(uintptr_t begin, uintptr_t end) const;
+
+  // The values to copy into the placeholders before a replay, one per copied input: the call's
+  // input, or a clone of it where it lies in memory the replay writes.
+  std::vector<at::Tensor> replaySources(const std::vector<at::Tensor>& inputs) const;
 
   // Rebuilds the outputs over `storages` (one per slot) and the call's inputs.
   std::vector<at::Tensor> buildOutputs(const std::vector<c10::Storage>& storages,
@@ -194,7 +205,8 @@ class TreeNode {
   std::vector<c10::Storage> constants_;  // storages of kConstant outputs
   std::vector<Interval> footprint_;      // sorted, merged
   NodeCheckpoint checkpoint_;
-  std::vector<int64_t> must_stay_dead_;  // ancestor slots dead at recording (Note [Matching...])
+  std::vector<int64_t>
+      must_stay_dead_;  // ancestor slots dead at recording (Note [Matching a child])
   int64_t replays_ = 0;
   uint64_t last_used_ = 0;  // the tree's use clock at its recording or latest replay
 
@@ -204,7 +216,7 @@ class TreeNode {
   std::vector<std::unique_ptr<TreeNode>> owned_;
 };
 
-// For eviction (Note [Out of memory] in TreeManager.cpp): the node below `root` whose subtree was
+// For eviction (Note [Out of memory] in TreeManager.h): the node below `root` whose subtree was
 // used least recently (by TreeNode::last_used_; the deeper one on a tie) among the nodes that are
 // neither in `keep` nor an ancestor of one; nullptr if none.
 TreeNode* leastRecentlyUsedExcept(TreeNode& root, const std::vector<const TreeNode*>& keep);

@@ -2,7 +2,8 @@
 
 #include "BackendFactory.h"
 #include "Logging.h"
-#include "ProcessState.h"
+#include "PythonHooks.h"
+#include "ThreadState.h"
 
 #include <c10/util/Exception.h>
 
@@ -59,12 +60,7 @@ void sweepOrphans() {
   }
   std::vector<std::shared_ptr<TreeManager>> keep;
   for (auto& tree : orphans) {
-    bool idle = false;
-    {
-      std::unique_lock<std::recursive_mutex> lock(tree->mutex(), std::try_to_lock);
-      idle = lock.owns_lock() && tree->liveOutputs() == 0;
-    }
-    if (!idle || tree.use_count() != 1) {
+    if (!tree->idle() || tree.use_count() != 1) {
       keep.push_back(std::move(tree));
       continue;
     }

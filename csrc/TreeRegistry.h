@@ -1,7 +1,7 @@
 #pragma once
 
 // Above the tree manager: one tree per thread and device, created on first use, handed out locked
-// (Note [Steps, generations and threads] in ProcessState.h); the retire-and-retry after a failed
+// (Note [Steps, generations and threads] in ThreadState.h); the retire-and-retry after a failed
 // restore; reset of every tree; the trees of threads that exited. The Python-facing layer never
 // decides a tree's lifecycle: it asks the registry.
 

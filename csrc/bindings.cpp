@@ -3,9 +3,11 @@
 // proper types (ValueError, TypeError, ...) and TORCH_WARN reaches the warnings module.
 
 #include "BackendFactory.h"
+#include "FailureInjection.h"
 #include "GraphedCallable.h"
 #include "Logging.h"
-#include "ProcessState.h"
+#include "PythonHooks.h"
+#include "ThreadState.h"
 #include "TreeRegistry.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -38,20 +40,11 @@ py::dict treeInfo(const py::handle& device_obj) {
   d["thread"] = has_tree ? t.thread : threadId();
   d["state"] = t.state;
   d["generation"] = t.generation;
-  d["num_nodes"] = t.num_nodes;
+#define GRAPHTREES_COUNTER_TO_DICT(name, doc) d[#name] = t.counters.name;
+  GRAPHTREES_TREE_COUNTERS(GRAPHTREES_COUNTER_TO_DICT)
+#undef GRAPHTREES_COUNTER_TO_DICT
   d["num_roots"] = t.num_roots;
-  d["num_checkpoints"] = t.num_checkpoints;
-  d["num_rerecords"] = t.num_rerecords;
-  d["num_fallbacks"] = t.num_fallbacks;
-  d["num_warmups"] = t.num_warmups;
-  d["num_recordings"] = t.num_recordings;
-  d["num_replays"] = t.num_replays;
-  d["num_invalidations"] = t.num_invalidations;
-  d["num_evictions"] = t.num_evictions;
-  d["num_out_of_memory"] = t.num_out_of_memory;
-  d["bytes_released"] = t.bytes_released;
   d["memory_budget"] = t.memory_budget < 0 ? py::object(py::none()) : py::int_(t.memory_budget);
-  d["num_migrations"] = t.num_migrations;
   d["retired_trees"] = t.retired_trees;
   d["leaked_bytes"] = t.leaked_bytes;
   d["pending_backward"] = t.pending_backward;
@@ -121,46 +114,48 @@ void setLogSinkFromPython(py::object sink) {
   });
 }
 
-void setCollectGarbageHookFromPython(py::object hook) {
-  if (hook.is_none()) {
-    setCollectGarbageHook(nullptr);
+// Installs a Python callable (None clears) as `hook`, through `adapt(holder)`, which turns the held
+// callable into the hook's C++ function.
+template <typename Sig, typename Adapt>
+void installHook(Hook<Sig>& hook, py::object fn, Adapt adapt) {
+  if (fn.is_none()) {
+    hook.set(nullptr);
     return;
   }
-  auto holder = holdPython(std::move(hook));
-  setCollectGarbageHook([holder] {
-    py::gil_scoped_acquire gil;
-    (*holder)();
-  });
+  hook.set(adapt(holdPython(std::move(fn))));
 }
 
-void setFindStoragesHookFromPython(py::object hook) {
-  if (hook.is_none()) {
-    setFindStoragesHook(nullptr);
-    return;
-  }
-  auto holder = holdPython(std::move(hook));
-  setFindStoragesHook([holder](const std::vector<void*>& blocks) {
-    py::gil_scoped_acquire gil;
-    py::list addresses;
-    for (void* p : blocks) addresses.append(reinterpret_cast<uintptr_t>(p));
-    std::vector<c10::Storage> out;
-    for (py::handle t : (*holder)(addresses)) out.push_back(t.cast<at::Tensor>().storage());
-    return out;
-  });
-}
-
-void setCaptureScopeHookFromPython(py::object hook) {
-  if (hook.is_none()) {
-    setCaptureScopeHook(nullptr);
-    return;
-  }
-  auto holder = holdPython(std::move(hook));
-  setCaptureScopeHook([holder]() -> std::function<void()> {
-    py::gil_scoped_acquire gil;
-    auto exit = holdPython((*holder)());
-    return [exit] {
+void setCollectGarbageHookFromPython(py::object fn) {
+  installHook(collectGarbageHook(), std::move(fn), [](std::shared_ptr<py::object> holder) {
+    return [holder] {
       py::gil_scoped_acquire gil;
-      (*exit)();
+      (*holder)();
+    };
+  });
+}
+
+void setFindStoragesHookFromPython(py::object fn) {
+  installHook(findStoragesHook(), std::move(fn), [](std::shared_ptr<py::object> holder) {
+    return [holder](const std::vector<void*>& blocks) {
+      py::gil_scoped_acquire gil;
+      py::list addresses;
+      for (void* p : blocks) addresses.append(reinterpret_cast<uintptr_t>(p));
+      std::vector<c10::Storage> out;
+      for (py::handle t : (*holder)(addresses)) out.push_back(t.cast<at::Tensor>().storage());
+      return out;
+    };
+  });
+}
+
+void setCaptureScopeHookFromPython(py::object fn) {
+  installHook(captureScopeHook(), std::move(fn), [](std::shared_ptr<py::object> holder) {
+    return [holder]() -> std::function<void()> {
+      py::gil_scoped_acquire gil;
+      auto exit = holdPython((*holder)());
+      return [exit] {
+        py::gil_scoped_acquire gil;
+        (*exit)();
+      };
     };
   });
 }
@@ -174,7 +169,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "graphtrees C++ core: tree manager, backends and the graphed-callable wrapper";
 
   // Waiting for another thread's tree call releases the GIL: that call may need it to finish.
-  setBlockingWaitHook([](const std::function<void()>& wait) {
+  blockingWaitHook().set([](const std::function<void()>& wait) {
     if (PyGILState_Check()) {
       py::gil_scoped_release no_gil;
       wait();
@@ -182,8 +177,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       wait();
     }
   });
-
-  setInterruptCheck([](const std::exception& error) {
+  interruptCheckHook().set([](const std::exception& error) {
     const auto* e = dynamic_cast<const py::error_already_set*>(&error);
     if (e == nullptr) return false;
     py::gil_scoped_acquire gil;
@@ -191,7 +185,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
 
   py::enum_<FunctionMode>(m, "FunctionMode",
-                          "What a graphed function is in a training step (see README).")
+                          "What a graphed function is in a training step (see docs/training.md).")
       .value("INFERENCE", FunctionMode::kInference)
       .value("FORWARD", FunctionMode::kForward)
       .value("BACKWARD", FunctionMode::kBackward);
@@ -212,14 +206,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("fn"), py::arg("options") = py::dict(), py::arg("module") = py::none(),
            py::arg("name") = "", py::arg("mode") = FunctionMode::kInference,
            py::arg("eager_reason") = "",
-           "options: static_argnums, warmup_iters, rerecord_limit, max_recorded_shapes, "
-           "on_overwrite, chain_limit, buckets, bucket_dim (see graphtrees.cudagraphify).")
+           "options: any of graphtrees._C.graph_option_names (see graphtrees.cudagraphify).")
       .def("__call__",
            wrap_pybind_function([](GraphedCallable& self, const py::args& args,
                                    const py::kwargs& kwargs) { return self.call(args, kwargs); }))
-      .def("_buckets", &GraphedCallable::buckets)
-      .def("_bucket_dim", &GraphedCallable::bucketDim)
-      .def("_warmup_iters", &GraphedCallable::warmupIters)
+      .def("_resize_example",
+           wrap_pybind_function([](const GraphedCallable& self, const py::args& args,
+                                   const py::kwargs& kwargs) {
+             TORCH_CHECK_VALUE(args.size() >= 1 && PyLong_Check(args[0].ptr()),
+                               "_resize_example(size, *args, **kwargs)");
+             const int64_t size = args[0].cast<int64_t>();
+             return self.resizeExample(py::args(args[py::slice(1, args.size(), 1)]), kwargs, size);
+           }),
+           "(args, kwargs) of an example call with its batch cut or zero-padded to `size`.")
+      .def_property_readonly(
+          "options", [](const GraphedCallable& g) { return toDict(g.options()); },
+          "The validated options, by the names graphtrees.cudagraphify takes them.")
       .def("signatures", &GraphedCallable::signatures,
            "Per call signature: function id, warmups and re-records (in the calling thread's "
            "tree) and the eager-fallback reason.")
@@ -268,11 +270,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "check_pool_invariants", wrap_pybind_function(&checkPoolInvariants), py::arg("device"),
       "(ok, why): the pool's allocated blocks are exactly the live outputs that own pool memory.");
   m.def("_validate_options",
-        wrap_pybind_function([](const std::string& who, py::dict options, int64_t min_signatures) {
-          validateOptions(who, options, min_signatures);
-        }),
-        py::arg("who"), py::arg("options"), py::arg("min_signatures") = 0,
+        wrap_pybind_function(
+            [](const std::string& who, py::dict options, int64_t min_recorded_shapes) {
+              validateOptions(who, options, min_recorded_shapes);
+            }),
+        py::arg("who"), py::arg("options"), py::arg("min_recorded_shapes") = 0,
         "Raises ValueError for options graphtrees cannot take (the one place they are checked).");
+  m.attr("graph_option_names") = py::tuple(py::cast(graphOptionNames()));
+  py::dict counters;
+#define GRAPHTREES_COUNTER_DOC(name, doc) counters[#name] = doc;
+  GRAPHTREES_TREE_COUNTERS(GRAPHTREES_COUNTER_DOC)
+#undef GRAPHTREES_COUNTER_DOC
+  m.attr("tree_counters") = counters;
   m.def("_bump_module_epoch", &GraphedCallable::bumpModuleEpoch);
   m.def("_set_log_sink", &setLogSinkFromPython);
   m.def("_set_collect_garbage_hook", &setCollectGarbageHookFromPython);
@@ -283,16 +292,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "True while this thread records a graph (or replays one on the CPU emulation).");
   m.def("_set_pytree_hooks", &setPyTreeHooks, py::arg("flatten"), py::arg("unflatten"),
         "flatten(obj) -> None or (children, context); unflatten(type, context, children).");
-  m.def(
-      "_fail_next_restores", [](int n) { injectFailure(FailurePoint::kRestore, n); }, py::arg("n"),
-      "Testing hook: the next n pool restores fail as PyTorch issue #140419 does.");
+  py::dict points;
+  for (const auto& p : failurePoints()) points[p.name] = p.what;
+  m.attr("failure_points") = points;
   m.def("_inject_failure", wrap_pybind_function([](const std::string& point, int n, int skip) {
           injectFailure(failurePointFromName(point), n, skip);
         }),
         py::arg("point"), py::arg("n") = 1, py::arg("skip") = 0,
-        "Testing hook: after `skip` arrivals at `point` that pass, the next n fail (restore, "
-        "backend_restore, partial_restore, checkpoint, capture_end, end_allocate, release_pool, "
-        "pool_alloc: an out-of-memory error).");
+        "Testing hook: after `skip` arrivals at `point` (a key of graphtrees._C.failure_points) "
+        "that pass, the next n fail.");
   m.def("_pending_failures", wrap_pybind_function([](const std::string& point) {
           return pendingInjectedFailures(failurePointFromName(point));
         }),

@@ -26,9 +26,14 @@ class MLP(torch.nn.Module):
     def __init__(self, width):
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(32, width), torch.nn.GELU(), torch.nn.Linear(width, width),
-            torch.nn.GELU(), torch.nn.Linear(width, width), torch.nn.GELU(),
-            torch.nn.Linear(width, 10))
+            torch.nn.Linear(32, width),
+            torch.nn.GELU(),
+            torch.nn.Linear(width, width),
+            torch.nn.GELU(),
+            torch.nn.Linear(width, width),
+            torch.nn.GELU(),
+            torch.nn.Linear(width, 10),
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -39,9 +44,12 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--inner", default="aot_eager", choices=["aot_eager", "inductor"])
     parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--bucket-cap-mb", type=float, default=1.0,
-                        help="DDP's bucket size (>= 1, DDP's first bucket): smaller buckets, "
-                             "more graph pieces")
+    parser.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=1.0,
+        help="DDP's bucket size (>= 1, DDP's first bucket): smaller buckets, more graph pieces",
+    )
     args = parser.parse_args()
 
     if torch.cuda.is_available():
@@ -59,8 +67,11 @@ def main():
 
     torch.manual_seed(0)  # the same initial parameters everywhere (DDP broadcasts rank 0's too)
     model = MLP(args.width).to(device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=args.bucket_cap_mb)
+    ddp = DDP(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=args.bucket_cap_mb,
+    )
     compiled = graphtrees.compile(ddp, inner=args.inner)
 
     gen = torch.Generator().manual_seed(0)
@@ -82,14 +93,20 @@ def main():
     info = graphtrees.tree_info(device)
     for r in range(world):
         if r == rank:
-            print(f"[rank {rank}] tree on {info['device']} ({info['backend']}): "
-                  f"{info['num_nodes']} nodes, {info['num_warmups']} warmups, "
-                  f"{info['num_recordings']} recordings, {info['num_replays']} replays, "
-                  f"{info['num_fallbacks']} eager fallbacks", flush=True)
+            print(
+                f"[rank {rank}] tree on {info['device']} ({info['backend']}): "
+                f"{info['num_nodes']} nodes, {info['num_warmups']} warmups, "
+                f"{info['num_recordings']} recordings, {info['num_replays']} replays, "
+                f"{info['num_fallbacks']} eager fallbacks",
+                flush=True,
+            )
             for n in info["nodes"]:
                 parent = "root" if n["parent"] is None else f"child of #{n['parent']}"
-                print(f"[rank {rank}]   #{n['id']} {n['function']:<16} {parent:<12} "
-                      f"inputs {n['input_kinds']:<8} replayed {n['replays']}x", flush=True)
+                print(
+                    f"[rank {rank}]   #{n['id']} {n['function']:<16} {parent:<12} "
+                    f"inputs {n['input_kinds']:<8} replayed {n['replays']}x",
+                    flush=True,
+                )
         dist.barrier()
 
     # DDP all-reduced the gradients of different data: the parameters must agree on every rank.

@@ -30,8 +30,9 @@ class Encoder(torch.nn.Module):
 class Denoiser(torch.nn.Module):
     def __init__(self, d=32):
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(2 * d, 64), torch.nn.SiLU(),
-                                       torch.nn.Linear(64, d))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(2 * d, 64), torch.nn.SiLU(), torch.nn.Linear(64, d)
+        )
 
     def forward(self, x, cond):
         return self.net(torch.cat([x, cond], -1))
@@ -82,8 +83,10 @@ def main():
             ref = sample(*parts, ids, null_ids, noise)
             torch.testing.assert_close(out, ref)
     info = graphtrees.tree_info(args.device)
-    print(f"samples equal to eager; backend {info['backend']}, {info['num_replays']} replays, "
-          f"{info['num_migrations']} outputs copied out of the pool, {info['num_nodes']} nodes")
+    print(
+        f"samples equal to eager; backend {info['backend']}, {info['num_replays']} replays, "
+        f"{info['num_migrations']} outputs copied out of the pool, {info['num_nodes']} nodes"
+    )
     print(graphtrees.tree_to_dot(args.device))
 
 

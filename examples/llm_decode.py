@@ -22,21 +22,31 @@ def main():
     parser.add_argument("--tokens", type=int, default=32)
     args = parser.parse_args()
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=256)
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     model = transformers.LlamaForCausalLM(cfg).to(args.device).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, 12), device=args.device)
     with torch.no_grad():
-        reference = model.generate(prompt, max_new_tokens=args.tokens, do_sample=False,
-                                   cache_implementation="static")
+        reference = model.generate(
+            prompt, max_new_tokens=args.tokens, do_sample=False, cache_implementation="static"
+        )
         cache = transformers.StaticCache(config=cfg, max_cache_len=prompt.shape[1] + args.tokens)
         # transformers >= 5.24 calls the cache argument `cache`; earlier releases past_key_values.
-        cache_arg = ("cache" if "cache" in inspect.signature(model.forward).parameters
-                     else "past_key_values")
+        cache_arg = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
 
         def step(ids, position):
-            out = model(input_ids=ids, cache_position=position, use_cache=True, **{cache_arg: cache})
+            out = model(
+                input_ids=ids, cache_position=position, use_cache=True, **{cache_arg: cache}
+            )
             return out.logits[:, -1]
 
         prefill = graphtrees.cudagraphify(step, name="prefill")
@@ -53,8 +63,10 @@ def main():
                     logits = decode(next_token, position)
     assert torch.equal(tokens, reference), "graphtrees' tokens differ from generate()"
     info = graphtrees.tree_info(args.device)
-    print(f"{args.tokens} tokens equal to generate(); backend {info['backend']}, "
-          f"{info['num_replays']} replays, {info['num_nodes']} nodes")
+    print(
+        f"{args.tokens} tokens equal to generate(); backend {info['backend']}, "
+        f"{info['num_replays']} replays, {info['num_nodes']} nodes"
+    )
     print(graphtrees.tree_to_dot(args.device))
 
 

@@ -51,10 +51,12 @@ def main():
     with torch.no_grad():
         h_ref = trunk(x)
         ya_ref, yb_ref = head_a(h_ref), head_b(h_ref)
-        print(f"graphtrees {graphtrees.__version__} on {device} "
-              f"(backend: {'CUDA graphs' if device.type == 'cuda' else 'CPU emulation'})\n")
+        print(
+            f"graphtrees {graphtrees.__version__} on {device} "
+            f"(backend: {'CUDA graphs' if device.type == 'cuda' else 'CPU emulation'})\n"
+        )
 
-        for step in range(3):  # warmup, record, replay
+        for _step in range(3):  # warmup, record, replay
             graphtrees.mark_step_begin()
             h = g1(x)
             ya = g2(h)
@@ -62,7 +64,7 @@ def main():
         after_a = graphtrees.tree_info(device)["pool"]["reserved_bytes"]
         print(f"after g1 -> g2:  pool reserved {mib(after_a)}")
 
-        for step in range(3):  # the other branch: warmup, record, replay
+        for _step in range(3):  # the other branch: warmup, record, replay
             graphtrees.mark_step_begin()
             h = g1(x)
             yb = g3(h)
@@ -70,8 +72,10 @@ def main():
             torch.testing.assert_close(h, h_ref)  # g1's output survived g3's run
         info = graphtrees.tree_info(device)
         after_b = info["pool"]["reserved_bytes"]
-        print(f"after g1 -> g3:  pool reserved {mib(after_b)} "
-              f"(+{mib(after_b - after_a)} for the second branch)\n")
+        print(
+            f"after g1 -> g3:  pool reserved {mib(after_b)} "
+            f"(+{mib(after_b - after_a)} for the second branch)\n"
+        )
 
         for _ in range(3):  # both branches keep replaying correctly
             graphtrees.mark_step_begin()
@@ -84,8 +88,10 @@ def main():
     by_id = {n["id"]: n for n in info["nodes"]}
 
     def show(node, depth):
-        print(f"  {'  ' * depth}#{node['id']} {node['function']:<6} writes {mib(node['pool_bytes'])}, "
-              f"replayed {node['replays']}x")
+        print(
+            f"  {'  ' * depth}#{node['id']} {node['function']:<6} "
+            f"writes {mib(node['pool_bytes'])}, replayed {node['replays']}x"
+        )
         for c in node["children"]:
             show(by_id[c], depth + 1)
 
@@ -93,11 +99,15 @@ def main():
         if n["parent"] is None:
             show(n, 0)
     separate = sum(n["pool_bytes"] for n in info["nodes"])
-    print(f"\nnodes {info['num_nodes']}, roots {info['num_roots']}, "
-          f"checkpoint restores {info['num_checkpoints']}, replays {info['num_replays']}")
+    print(
+        f"\nnodes {info['num_nodes']}, roots {info['num_roots']}, "
+        f"checkpoint restores {info['num_checkpoints']}, replays {info['num_replays']}"
+    )
     print(f"shared pool reserved:          {mib(info['pool']['reserved_bytes'])}")
-    print(f"one pool per graph would need: {mib(separate)} or more "
-          f"(the sum of what each graph writes; each pool also rounds up to whole segments)")
+    print(
+        f"one pool per graph would need: {mib(separate)} or more "
+        f"(the sum of what each graph writes; each pool also rounds up to whole segments)"
+    )
     print(f"saved:                         {mib(separate - info['pool']['reserved_bytes'])}\n")
     print(graphtrees.tree_to_dot(device))
 

@@ -27,7 +27,10 @@ def main():
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 128), torch.nn.GELU(),
+        torch.nn.Linear(32, 128),
+        torch.nn.GELU(),
+        torch.nn.Linear(128, 128),
+        torch.nn.GELU(),
         torch.nn.Linear(128, 10),
     ).to(device)
     reference = copy.deepcopy(model)
@@ -54,17 +57,24 @@ def main():
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q)
     print(f"device {device}, inner compiler {args.inner}, {args.steps} steps")
-    print(f"loss: first {graph_losses[0]:.4f}, last {graph_losses[-1]:.4f} "
-          f"(eager: {eager_losses[0]:.4f} -> {eager_losses[-1]:.4f}); parameters match eager")
+    print(
+        f"loss: first {graph_losses[0]:.4f}, last {graph_losses[-1]:.4f} "
+        f"(eager: {eager_losses[0]:.4f} -> {eager_losses[-1]:.4f}); parameters match eager"
+    )
     info = graphtrees.tree_info(device)
     for n in info["nodes"]:
         parent = "root" if n["parent"] is None else f"child of #{n['parent']}"
-        print(f"  #{n['id']} {n['function']:<18} {parent:<12} inputs {n['input_kinds']:<12} "
-              f"replayed {n['replays']}x")
-    print("  (inputs: S static = parameters, M managed = saved activations read in place, "
-          "C copied)")
-    print(f"warmups {info['num_warmups']}, recordings {info['num_recordings']}, "
-          f"replays {info['num_replays']}, eager fallbacks {info['num_fallbacks']}")
+        print(
+            f"  #{n['id']} {n['function']:<18} {parent:<12} inputs {n['input_kinds']:<12} "
+            f"replayed {n['replays']}x"
+        )
+    print(
+        "  (inputs: S static = parameters, M managed = saved activations read in place, C copied)"
+    )
+    print(
+        f"warmups {info['num_warmups']}, recordings {info['num_recordings']}, "
+        f"replays {info['num_replays']}, eager fallbacks {info['num_fallbacks']}"
+    )
 
 
 if __name__ == "__main__":

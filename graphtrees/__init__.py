@@ -2,7 +2,7 @@
 
 Wrap a callable with :func:`cudagraphify`; graphtrees warms it up, records it as a graph and
 replays it, keeping the recordings of all wrapped callables on a device in one tree whose nodes
-share one memory pool. See README.md for how checkpointing keeps live outputs safe.
+share one memory pool. See docs/semantics.md for how checkpointing keeps live outputs safe.
 """
 
 from ._api import (

@@ -1,13 +1,15 @@
 """Public Python API. The work happens in graphtrees._C; this module validates arguments."""
 
 import functools
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
+from ._capture import capture
 from ._ext import get_ext
 
-DeviceLike = Union[str, torch.device]
+DeviceLike = str | torch.device
 
 
 def _name_of(fn: Any) -> str:
@@ -18,17 +20,17 @@ def _name_of(fn: Any) -> str:
 
 
 def cudagraphify(
-    fn: Optional[Callable] = None,
+    fn: Callable | None = None,
     *,
     static_argnums: Iterable[int] = (),
     warmup_iters: int = 1,
     rerecord_limit: int = 8,
-    name: Optional[str] = None,
+    name: str | None = None,
     on_overwrite: str = "raise",
     chain_limit: int = 16,
-    buckets: Optional[Iterable[int]] = None,
+    buckets: Iterable[int] | None = None,
     bucket_dim: int = 0,
-    max_recorded_shapes: Optional[int] = None,
+    max_recorded_shapes: int | None = None,
 ):
     """Wraps ``fn`` so that its calls are warmed up, recorded as graphs and replayed.
 
@@ -71,30 +73,19 @@ def cudagraphify(
     Calls that cannot be graphed (autograd needed, several devices, unsupported arguments) run
     eagerly; the reason is logged once and counted in :func:`tree_info`.
     """
+    # Each option is listed once, in the signature above; graphtrees._C.graph_option_names says
+    # which of these arguments are graph options, validated once, in C++, for every caller.
+    given = dict(locals())
+    options = {k: given[k] for k in get_ext().graph_option_names if k in given}
+    if options["buckets"] is not None:
+        options["buckets"] = list(options["buckets"])
+    if options["max_recorded_shapes"] is None:
+        del options["max_recorded_shapes"]
     if fn is None:
-        return functools.partial(
-            cudagraphify,
-            static_argnums=static_argnums,
-            warmup_iters=warmup_iters,
-            rerecord_limit=rerecord_limit,
-            name=name,
-            on_overwrite=on_overwrite,
-            chain_limit=chain_limit,
-            buckets=buckets,
-            bucket_dim=bucket_dim,
-            max_recorded_shapes=max_recorded_shapes,
-        )
-    # Options are validated once, in C++ (graphtrees._C.GraphedCallable), for every caller.
+        return functools.partial(cudagraphify, name=name, **options)
     module = fn if isinstance(fn, torch.nn.Module) else None
-    options = dict(static_argnums=static_argnums, warmup_iters=warmup_iters,
-                   rerecord_limit=rerecord_limit, on_overwrite=on_overwrite,
-                   chain_limit=chain_limit, buckets=None if buckets is None else list(buckets),
-                   bucket_dim=bucket_dim)
-    if max_recorded_shapes is not None:
-        options["max_recorded_shapes"] = max_recorded_shapes
     wrapped = get_ext().GraphedCallable(fn, options, module, _name_of(fn) if name is None else name)
-    wrapped.capture = functools.partial(_capture, wrapped, tuple(static_argnums)
-                                        if not isinstance(static_argnums, int) else (static_argnums,))
+    wrapped.capture = functools.partial(capture, wrapped)
     functools.update_wrapper(wrapped, fn, updated=())
     if module is not None:
         wrapped.module = module
@@ -121,7 +112,7 @@ def reset() -> None:
     get_ext().reset()
 
 
-def set_memory_budget(device: DeviceLike, max_pool_bytes: Optional[int]) -> None:
+def set_memory_budget(device: DeviceLike, max_pool_bytes: int | None) -> None:
     """Caps the memory graphtrees' pool on ``device`` may hold at ``max_pool_bytes`` (``None``
     removes the cap). It applies to the device's trees now and after :func:`reset`.
 
@@ -130,12 +121,12 @@ def set_memory_budget(device: DeviceLike, max_pool_bytes: Optional[int]) -> None
     remaining recording needs; if that is not enough the call runs eagerly (logged). Counted in
     ``tree_info()`` (``num_evictions``, ``num_out_of_memory``, ``bytes_released``,
     ``memory_budget``). Memory the pool holds already is not taken away: the cap bounds growth.
-    With several threads, each thread's pool gets the cap (README "Threads").
+    With several threads, each thread's pool gets the cap (docs/semantics.md, "Threads").
     """
     get_ext().set_memory_budget(_device(device), max_pool_bytes)
 
 
-def memory_budget(device: DeviceLike) -> Optional[int]:
+def memory_budget(device: DeviceLike) -> int | None:
     """The budget :func:`set_memory_budget` set for ``device``, or ``None``."""
     return get_ext().memory_budget(_device(device))
 
@@ -147,20 +138,18 @@ def _device(device: DeviceLike) -> str:
     return str(d)
 
 
-def tree_info(device: DeviceLike = "cpu") -> Dict[str, Any]:
+def tree_info(device: DeviceLike = "cpu") -> dict[str, Any]:
     """A JSON-serialisable description of the calling thread's tree on ``device`` (each thread
-    has its own; README "Threads").
+    has its own; docs/semantics.md "Threads").
 
-    Keys: device, backend, thread, state, generation, num_nodes, num_roots, num_checkpoints (pool
-    restores), num_rerecords, num_fallbacks, num_warmups, num_recordings, num_replays,
-    num_invalidations, num_evictions, num_out_of_memory (warmups and recordings an allocation
-    failure turned eager), bytes_released (pool memory returned to the device after evictions
-    and allocation failures), memory_budget, num_migrations, retired_trees, pending_backward,
-    live_outputs, current_node, pool (reserved_bytes, allocated_bytes,
-    segments, blocks, allocated_blocks) and nodes (id, parent, function, function_id, children,
-    pool_bytes, num_outputs, input_kinds -- one letter per flat input: S static, M managed,
-    C copied --, live_outputs, replays, on_current_path). A device without a tree
-    gives the same keys with zeros and no nodes.
+    Keys: device, backend, thread, state, generation, num_roots, memory_budget, retired_trees,
+    leaked_bytes, pending_backward, live_outputs, current_node, pool (reserved_bytes,
+    allocated_bytes, segments, blocks, allocated_blocks), nodes (id, parent, function,
+    function_id, children, pool_bytes, num_outputs, input_kinds -- one letter per flat input: S
+    static, M managed, C copied --, live_outputs, replays, on_current_path), and the counters
+    below. A device without a tree gives the same keys with zeros and no nodes.
+
+    Counters:
     """
     return get_ext().tree_info(_device(device))
 
@@ -171,131 +160,19 @@ def tree_to_dot(device: DeviceLike = "cpu") -> str:
     return get_ext().tree_to_dot(_device(device))
 
 
-def check_pool_invariants(device: DeviceLike = "cpu") -> Tuple[bool, str]:
+def check_pool_invariants(device: DeviceLike = "cpu") -> tuple[bool, str]:
     """``(ok, why)``: whether the pool's allocated blocks are exactly the live outputs that own
     pool memory (and, when no replay happened since, that every live output owns its block)."""
     return tuple(get_ext().check_pool_invariants(_device(device)))
 
 
-def _resize_batch(args, kwargs, static_argnums, dim, size):
-    """The example arguments with every non-static tensor's batch (its size along ``dim``, as in
-    the first such tensor) cut or zero-padded to ``size``."""
-    leaves = [(i, a) for i, a in enumerate(args) if i not in static_argnums]
-    batch = None
-    for leaf in torch.utils._pytree.tree_leaves(([a for _, a in leaves], kwargs)):
-        if isinstance(leaf, torch.Tensor) and leaf.dim() > dim:
-            batch = leaf.shape[dim]
-            break
-    if batch is None:
-        raise ValueError("capture(): the example arguments have no tensor with a batch dimension "
-                         f"(dimension {dim})")
+def _document_counters() -> None:
+    # The counters are documented from the one table that defines them (Note [Tree counters]).
+    from ._ext import has_ext
 
-    def resize(t):
-        if not isinstance(t, torch.Tensor) or t.dim() <= dim or t.shape[dim] != batch:
-            return t
-        if size <= batch:
-            return t.narrow(dim, 0, size).clone()
-        shape = list(t.shape)
-        shape[dim] = size
-        out = t.new_zeros(shape)
-        out.narrow(dim, 0, batch).copy_(t)
-        return out
-
-    new_args = tuple(a if i in static_argnums else torch.utils._pytree.tree_map(resize, a)
-                     for i, a in enumerate(args))
-    return new_args, torch.utils._pytree.tree_map(resize, kwargs)
+    if has_ext() and tree_info.__doc__ is not None:
+        rows = "".join(f"\n    * ``{k}``: {v}" for k, v in get_ext().tree_counters.items())
+        tree_info.__doc__ = tree_info.__doc__.rstrip() + rows + "\n"
 
 
-class _Progress:
-    """tqdm when installed, else one updating line on a terminal, else log lines."""
-
-    def __init__(self, total, enabled):
-        import logging
-        import sys
-
-        self._bar = None
-        self._tty = False
-        self._log = logging.getLogger("graphtrees")
-        self._enabled = enabled
-        if not enabled:
-            return
-        try:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, desc="graphtrees capture", unit="bucket")
-        except ImportError:
-            self._tty = sys.stderr.isatty()
-
-    def update(self, text):
-        import sys
-
-        if not self._enabled:
-            return
-        if self._bar is not None:
-            self._bar.set_postfix_str(text)
-            self._bar.update(1)
-        elif self._tty:
-            sys.stderr.write("\rgraphtrees capture: " + text + " " * 8)
-            sys.stderr.flush()
-        else:
-            self._log.info("capture: %s", text)
-
-    def close(self):
-        import sys
-
-        if self._bar is not None:
-            self._bar.close()
-        elif self._tty:
-            sys.stderr.write("\n")
-
-
-def _capture(wrapped, static_argnums, *args, progress=True, **kwargs):
-    """Records every bucket of ``wrapped`` ahead of time, largest first (so that the smaller ones
-    reuse its memory), from example arguments of any batch size. Python's garbage collector is
-    frozen meanwhile. Returns one dict per bucket: size, seconds, pool_bytes_after and status
-    ("recorded", or "eager" with a reason)."""
-    import gc
-    import time
-
-    buckets = sorted(wrapped._buckets(), reverse=True)
-    if not buckets:
-        raise ValueError("capture() needs graphtrees.cudagraphify(..., buckets=[...])")
-    dim = wrapped._bucket_dim()
-    device = None
-    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
-        if isinstance(leaf, torch.Tensor):
-            device = leaf.device
-            break
-    if device is None:
-        raise ValueError("capture(): the example arguments contain no tensor")
-    reports = []
-    bar = _Progress(len(buckets), progress)
-    gc.collect()
-    gc.freeze()
-    started = time.perf_counter()
-    try:
-        for size in buckets:
-            t0 = time.perf_counter()
-            ex_args, ex_kwargs = _resize_batch(args, kwargs, static_argnums, dim, size)
-            before = tree_info(device)
-            for _ in range(wrapped._warmup_iters() + 1):
-                mark_step_begin()
-                wrapped(*ex_args, **ex_kwargs)
-            after = tree_info(device)
-            report = dict(size=size, seconds=round(time.perf_counter() - t0, 4),
-                          pool_bytes_after=after["pool"]["reserved_bytes"])
-            if (after["num_recordings"] > before["num_recordings"]
-                    or after["num_replays"] > before["num_replays"]):
-                report["status"] = "recorded"
-            else:
-                reasons = [s["eager_reason"] for s in wrapped.signatures() if s["eager_reason"]]
-                report["status"] = "eager"
-                report["reason"] = reasons[-1] if reasons else "it ran eagerly"
-            reports.append(report)
-            bar.update(f"bucket {size}: {report['status']}, "
-                       f"{time.perf_counter() - started:.1f} s, "
-                       f"pool {report['pool_bytes_after'] / 2**20:.1f} MiB")
-    finally:
-        gc.unfreeze()
-        bar.close()
-    return reports
+_document_counters()

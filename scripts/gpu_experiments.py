@@ -43,19 +43,31 @@ def experiment(key, name, limit_s=20, defect=True):
 def run_python(code, env_extra=None, timeout=60):
     """Runs `code` in a fresh interpreter; returns its stdout (raises with its stderr on failure)."""
     env = dict(os.environ, GRAPHTREES_CUDA="1", **(env_extra or {}))
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
-                       text=True, timeout=timeout, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"rc {r.returncode}: {r.stderr.strip()[-600:]}")
     return r.stdout.strip()
 
 
 def private_pool_segments(torch):
-    return [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)]
+    return [
+        s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)
+    ]
 
 
 def first_line(e):
-    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}" if str(e).strip() else type(e).__name__
+    return (
+        f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+        if str(e).strip()
+        else type(e).__name__
+    )
 
 
 def proof():
@@ -106,7 +118,10 @@ def e1():
         torch.nn.functional.dropout(torch.ones(8, device="cuda"), 0.5, training=True)
     except RuntimeError as e:
         return "confirmed", f"eager randn after the rejected capture raised {first_line(e)}"
-    return "refuted", f"eager randn and dropout work after the rejected capture ({reason[:60]!r}...)"
+    return (
+        "refuted",
+        f"eager randn and dropout work after the rejected capture ({reason[:60]!r}...)",
+    )
 
 
 @experiment("E2", "host pool use count reaches 0: later captures of the tree refused")
@@ -130,8 +145,14 @@ def e2():
                 k(y)
     second = [s["eager_reason"] for s in k.signatures()]
     if first or any(second):
-        return "confirmed", f"after a rejected first capture: {first!r}; after evictions: {second!r}"
-    return "refuted", "captures after a rejected first capture and after evicting the last graph work"
+        return (
+            "confirmed",
+            f"after a rejected first capture: {first!r}; after evictions: {second!r}",
+        )
+    return (
+        "refuted",
+        "captures after a rejected first capture and after evicting the last graph work",
+    )
 
 
 E3_FUNCTIONS = {
@@ -171,7 +192,9 @@ def e3():
         try:
             outs = [g(x, gen).clone() for _ in range(4)]
             fresh = not torch.equal(outs[2], outs[3])
-            results.append(f"generator argument: {'fresh numbers per replay' if fresh else 'REPEATED numbers'}")
+            results.append(
+                f"generator argument: {'fresh numbers per replay' if fresh else 'REPEATED numbers'}"
+            )
             if not fresh:
                 raised.append("generator")
         except Exception as e:  # noqa: BLE001
@@ -182,7 +205,8 @@ def e3():
 
 @experiment("E4", "concurrent captures and syncs on one device (threads)", 60)
 def e4():
-    out = run_python("""
+    out = run_python(
+        """
         import sys, threading, torch, graphtrees
         from graphtrees import cudagraphify, mark_step_begin
         sys.setswitchinterval(1e-5)
@@ -208,7 +232,9 @@ def e4():
         same = sum(torch.equal(masks[0][-1], masks[i][-1]) for i in (1, 2) if i in masks)
         print(len(errors), sum(r is not None for r in reasons), same)
         print(errors[:2], [r for r in reasons if r][:2])
-    """, timeout=55)
+    """,
+        timeout=55,
+    )
     first, detail = out.splitlines()[-2], out.splitlines()[-1]
     n_err, n_eager, same_masks = map(int, first.split())
     numbers = f"{n_err} errors, {n_eager} eager reasons, {same_masks} identical dropout masks across threads; {detail[:300]}"
@@ -239,16 +265,21 @@ def e5():
         after = cudagraphify(lambda x: x - 1)
         for _ in range(3):
             after(x)
-    numbers = (f"{nodes} nodes before; num_out_of_memory {t['num_out_of_memory']}, num_evictions "
-               f"{t['num_evictions']}, bytes_released {t['bytes_released']}, nodes left "
-               f"{t['num_nodes']}; a later recording: {after.signatures()[0]['eager_reason']!r}")
+    numbers = (
+        f"{nodes} nodes before; num_out_of_memory {t['num_out_of_memory']}, num_evictions "
+        f"{t['num_evictions']}, bytes_released {t['bytes_released']}, nodes left "
+        f"{t['num_nodes']}; a later recording: {after.signatures()[0]['eager_reason']!r}"
+    )
     evicted_all = t["num_nodes"] == 0 and nodes > 1
-    return ("confirmed" if evicted_all or after.signatures()[0]["eager_reason"] else "refuted"), numbers
+    return (
+        "confirmed" if evicted_all or after.signatures()[0]["eager_reason"] else "refuted"
+    ), numbers
 
 
 @experiment("E6", "memory fraction stuck below 1.0 after two threads with budgets", 40)
 def e6():
-    out = run_python("""
+    out = run_python(
+        """
         import threading, torch, graphtrees
         from graphtrees import cudagraphify
         before = torch.cuda.get_per_process_memory_fraction(0)
@@ -262,9 +293,13 @@ def e6():
         ts = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
         [t.start() for t in ts]; [t.join() for t in ts]
         print(before, torch.cuda.get_per_process_memory_fraction(0))
-    """, timeout=35)
+    """,
+        timeout=35,
+    )
     before, after = map(float, out.split()[-2:])
-    return ("confirmed" if after != before else "refuted"), f"fraction before {before}, after {after}"
+    return (
+        "confirmed" if after != before else "refuted"
+    ), f"fraction before {before}, after {after}"
 
 
 @experiment("E7", "RNG: graphed dropout follows eager call by call", defect=False)
@@ -290,12 +325,15 @@ def e7():
     reseeded = bool(torch.equal(after, ref))
     ok = all(equal) and distinct and reseeded
     # The review predicts correct RNG here: "confirmed" is the good outcome of this one.
-    return ("confirmed" if ok else "refuted"), f"equal per call {equal}, masks differ {distinct}, after manual_seed {reseeded}"
+    return (
+        "confirmed" if ok else "refuted"
+    ), f"equal per call {equal}, masks differ {distinct}, after manual_seed {reseeded}"
 
 
 @experiment("E8", "NCCL warmup leaves a pool block held by the work object", 40)
 def e8():
-    out = run_python("""
+    out = run_python(
+        """
         import os, tempfile, time, torch, torch.distributed as dist, graphtrees
         graphtrees._ext.get_ext()._set_debug_checks(False)
         d = tempfile.mkdtemp()
@@ -314,10 +352,14 @@ def e8():
             for _ in range(3): g(torch.ones(16, device='cuda'))
         print(now, later, graphtrees.tree_info('cuda')['num_replays'])
         dist.destroy_process_group()
-    """, timeout=35)
+    """,
+        timeout=35,
+    )
     now, later, replays = out.split()[-3:]
     held = now == "False"
-    return ("confirmed" if held else "refuted"), f"invariant right after the warmup {now}, after 0.2 s {later}, replays {replays}"
+    return (
+        "confirmed" if held else "refuted"
+    ), f"invariant right after the warmup {now}, after 0.2 s {later}, replays {replays}"
 
 
 @experiment("E9", "a function that leaves another stream current", 30)
@@ -346,12 +388,20 @@ def e9():
         torch.cuda.synchronize()
         real = bool(torch.equal(out, x + 5))
     reason = g.signatures()[0]["eager_reason"]
-    return ("refuted" if real else "confirmed"), f"later warmup real values: {real}; eager reason {str(reason)[:100]!r}"
+    return (
+        "refuted" if real else "confirmed"
+    ), f"later warmup real values: {real}; eager reason {str(reason)[:100]!r}"
 
 
-@experiment("E10", "second-review carry-overs: expandable segments, 300 cycles, bit identity, x.t()", 90, defect=False)
+@experiment(
+    "E10",
+    "second-review carry-overs: expandable segments, 300 cycles, bit identity, x.t()",
+    90,
+    defect=False,
+)
 def e10():
-    seed = run_python("""
+    seed = run_python(
+        """
         import torch, graphtrees
         from graphtrees import cudagraphify, mark_step_begin
         lin = [torch.nn.Linear(1024, 1024).cuda() for _ in range(3)]
@@ -362,9 +412,13 @@ def e10():
                 mark_step_begin(); h = g1(x); y = branch(h)
         t = graphtrees.tree_info('cuda')
         print(t['retired_trees'], t['num_checkpoints'])
-    """, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, timeout=30)
+    """,
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        timeout=30,
+    )
     retired = int(seed.split()[-2])
-    cycles = run_python("""
+    cycles = run_python(
+        """
         import torch, graphtrees
         from graphtrees import cudagraphify
         seen = []
@@ -376,9 +430,13 @@ def e10():
                 graphtrees.reset()
                 if i in (0, 299): seen.append(torch.cuda.memory_reserved())
         print(*seen)
-    """, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, timeout=40)
+    """,
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        timeout=40,
+    )
     r0, r1 = map(int, cycles.split()[-2:])
-    identity = run_python("""
+    identity = run_python(
+        """
         import torch, graphtrees
         torch.manual_seed(0)
         block = torch.nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True).cuda().eval()
@@ -391,29 +449,54 @@ def e10():
             y = torch.randn(8, 4, device='cuda')
             for _ in range(3): ty = t(y)
         print((out - ref).abs().max().item(), ty.data_ptr() == y.data_ptr())
-    """, timeout=20)
+    """,
+        timeout=20,
+    )
     diff, view = identity.split()[-2:]
     ok = retired == 0 and r1 <= r0 and float(diff) == 0 and view == "True"
-    return ("confirmed" if ok else "refuted"), (f"expandable seed story retired_trees={retired}; reserved "
-                                                 f"after 1 / 300 cycles {r0 >> 20} / {r1 >> 20} MiB; "
-                                                 f"transformer max|diff| {diff}; x.t() a view {view}")
+    return ("confirmed" if ok else "refuted"), (
+        f"expandable seed story retired_trees={retired}; reserved "
+        f"after 1 / 300 cycles {r0 >> 20} / {r1 >> 20} MiB; "
+        f"transformer max|diff| {diff}; x.t() a view {view}"
+    )
 
 
 @experiment("E11", "sizing: test durations and one conftest teardown", 60, defect=False)
 def e11():
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "pytest", "tests/test_seed_story.py", "tests/test_cuda.py", "-q",
-                        "-p", "no:cacheprovider", "--durations=0", "-k", "cuda and (seed or transformer)"],
-                       cwd=ROOT, env=dict(os.environ, GRAPHTREES_CUDA="1"), capture_output=True, text=True,
-                       timeout=55)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/test_seed_story.py",
+            "tests/test_cuda.py",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--durations=0",
+            "-k",
+            "cuda and (seed or transformer)",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, GRAPHTREES_CUDA="1"),
+        capture_output=True,
+        text=True,
+        timeout=55,
+    )
     took = time.perf_counter() - t
-    lines = [line.strip() for line in r.stdout.splitlines() if " call " in line or " teardown " in line]
+    lines = [
+        line.strip() for line in r.stdout.splitlines() if " call " in line or " teardown " in line
+    ]
     return ("confirmed" if r.returncode == 0 else "inconclusive"), (
         f"{took:.0f} s for the selection (rc {r.returncode}), interpreter and CUDA start included; "
-        + " | ".join(lines[:8]))
+        + " | ".join(lines[:8])
+    )
 
 
-@experiment("E12", "cuBLAS workspace in memory_reserved after reset and empty_cache", 20, defect=False)
+@experiment(
+    "E12", "cuBLAS workspace in memory_reserved after reset and empty_cache", 20, defect=False
+)
 def e12():
     import torch
 
@@ -436,7 +519,10 @@ def e12():
     torch.cuda.empty_cache()
     with_clear = torch.cuda.memory_reserved() - base
     explained = without > with_clear
-    return ("confirmed" if explained else "refuted"), f"above the start after reset: {without} B; after clearing the cuBLAS workspaces too: {with_clear} B"
+    return (
+        ("confirmed" if explained else "refuted"),
+        f"above the start after reset: {without} B; after clearing the cuBLAS workspaces too: {with_clear} B",
+    )
 
 
 def run_one(key):
@@ -456,9 +542,14 @@ def run_one(key):
 def run_isolated(key, limit_s):
     """Runs one experiment in a child process under `limit_s`; returns (verdict, numbers, seconds)."""
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one", key], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, GRAPHTREES_CUDA="1"))
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--one", key],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, GRAPHTREES_CUDA="1"),
+    )
     try:
         out, _ = proc.communicate(timeout=limit_s)
     except KeyboardInterrupt:
@@ -476,7 +567,7 @@ def run_isolated(key, limit_s):
     verdict, numbers = "inconclusive", f"no verdict (rc {proc.returncode})"
     for line in out.splitlines():
         if line.startswith("VERDICT "):
-            v = json.loads(line[len("VERDICT "):])
+            v = json.loads(line[len("VERDICT ") :])
             verdict, numbers = v["verdict"], v["numbers"]
     if "(timed out after" in out and verdict == "inconclusive":
         numbers = f"timed out after {limit_s} s; {numbers}"
@@ -488,8 +579,12 @@ def main():
     parser.add_argument("keys", nargs="*", help="experiments to run (default: all)")
     parser.add_argument("--proof-only", action="store_true")
     parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("--budget", type=float, default=0,
-                        help="seconds for all of them: an experiment that would not fit is not started")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=0,
+        help="seconds for all of them: an experiment that would not fit is not started",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -518,10 +613,14 @@ def main():
         name, limit_s, defect, _ = EXPERIMENTS[key]
         left = args.budget - (time.perf_counter() - t0) if args.budget else None
         if left is not None and left < min(limit_s, 15):
-            print(f"EXP {key} {name}: inconclusive (not run: {left:.0f} s of the budget left) [0.0 s]")
+            print(
+                f"EXP {key} {name}: inconclusive (not run: {left:.0f} s of the budget left) [0.0 s]"
+            )
             continue
         try:
-            verdict, numbers, took = run_isolated(key, limit_s if left is None else min(limit_s, left))
+            verdict, numbers, took = run_isolated(
+                key, limit_s if left is None else min(limit_s, left)
+            )
         except KeyboardInterrupt:
             print(f"EXP {key} {name}: inconclusive (the whole run was stopped) [-]", flush=True)
             return 1

@@ -11,8 +11,12 @@ from graphtrees._ext import get_ext, has_ext
 
 def _cuda_usable():
     # The CUDA backend is enabled with GRAPHTREES_CUDA=1 until it has been verified on a GPU.
-    return (has_ext() and "cuda" in get_ext().backends and os.environ.get("GRAPHTREES_CUDA") == "1"
-            and torch.cuda.is_available())
+    return (
+        has_ext()
+        and "cuda" in get_ext().backends
+        and os.environ.get("GRAPHTREES_CUDA") == "1"
+        and torch.cuda.is_available()
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -25,13 +29,17 @@ def pytest_collection_modifyitems(config, items):
     if _cuda_usable():
         return
     skip_cuda = pytest.mark.skip(
-        reason="needs a CUDA device, graphtrees built with its CUDA backend, and GRAPHTREES_CUDA=1")
+        reason="needs a CUDA device, graphtrees built with its CUDA backend, and GRAPHTREES_CUDA=1"
+    )
     for item in items:
         if "needs_cuda" in item.keywords:
             item.add_marker(skip_cuda)
 
 
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.needs_cuda)]
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.needs_cuda),
+]
 
 
 @pytest.fixture(params=DEVICES)
@@ -39,8 +47,7 @@ def device(request):
     return request.param
 
 
-FAILURE_POINTS = ("restore", "backend_restore", "partial_restore", "checkpoint", "capture_end",
-                  "end_allocate", "release_pool", "pool_alloc")
+FAILURE_POINTS = tuple(get_ext().failure_points) if has_ext() else ()
 
 
 def _cpu_totals():
@@ -67,7 +74,8 @@ def clean_trees():
     gc.collect()
     pools, blocks, reserved = _cpu_totals()
     assert (pools, blocks, reserved) == (0, 0, 0), (
-        f"after reset(): {pools} CPU pools alive, {blocks} blocks allocated, {reserved} bytes reserved"
+        f"after reset(): {pools} CPU pools alive, {blocks} blocks allocated, "
+        f"{reserved} bytes reserved"
     )
     for dev in ("cpu", "cuda:0") if _cuda_usable() else ("cpu",):
         info = graphtrees.tree_info(dev)

@@ -41,8 +41,13 @@ def entry(rank, world_size, port, jobs, queue):
 
         torch.set_num_threads(1)  # two ranks share the CI machine's cores
         # A timeout, so that a rank whose peer died fails instead of waiting for 30 minutes.
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=60),
+        )
         for index, (case, options) in enumerate(jobs):
             queue.put(("ok", rank, index, _run_case(rank, world_size, case, options)))
         queue.put(("done", rank, None, None))
@@ -81,11 +86,21 @@ def _run_case(rank, world_size, case, options):
 
 
 def _summary(info):
-    keys = ("device", "backend", "num_nodes", "num_warmups", "num_recordings", "num_replays",
-            "num_fallbacks", "num_rerecords")
+    keys = (
+        "device",
+        "backend",
+        "num_nodes",
+        "num_warmups",
+        "num_recordings",
+        "num_replays",
+        "num_fallbacks",
+        "num_rerecords",
+    )
     out = {k: info[k] for k in keys}
-    out["nodes"] = [{k: n[k] for k in ("id", "parent", "function", "input_kinds", "replays")}
-                    for n in info["nodes"]]
+    out["nodes"] = [
+        {k: n[k] for k in ("id", "parent", "function", "input_kinds", "replays")}
+        for n in info["nodes"]
+    ]
     return out
 
 
@@ -118,9 +133,14 @@ def _mlp():
             # 2.2 MB of parameters: with bucket_cap_mb=1, DDP makes three buckets and dynamo's
             # DDP optimizer splits the graph into three pieces.
             self.net = torch.nn.Sequential(
-                torch.nn.Linear(16, 512), torch.nn.GELU(), torch.nn.Linear(512, 512),
-                torch.nn.GELU(), torch.nn.Linear(512, 512), torch.nn.GELU(),
-                torch.nn.Linear(512, 4))
+                torch.nn.Linear(16, 512),
+                torch.nn.GELU(),
+                torch.nn.Linear(512, 512),
+                torch.nn.GELU(),
+                torch.nn.Linear(512, 512),
+                torch.nn.GELU(),
+                torch.nn.Linear(512, 4),
+            )
 
         def forward(self, x):
             return self.net(x)
@@ -167,8 +187,9 @@ def ddp_training(rank, world_size, how, steps=10):
         compiled = torch.compile(ddp, backend="graphtrees")  # the registered backend: Inductor
 
     gen = torch.Generator().manual_seed(1000 + rank)  # every rank trains on its own data
-    data = [(torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen))
-            for _ in range(steps)]
+    data = [
+        (torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(steps)
+    ]
 
     def train(m, f):
         if how == "string":
@@ -199,8 +220,13 @@ def ddp_training(rank, world_size, how, steps=10):
         assert graph_losses == eager_losses
     assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), initial))
     _assert_same_across_ranks(list(model.parameters()), world_size)  # DDP kept them in sync
-    return dict(tree=_summary(graphtrees.tree_info("cpu")), comm=comm, exact=exact,
-                losses=graph_losses, steps=steps)
+    return dict(
+        tree=_summary(graphtrees.tree_info("cpu")),
+        comm=comm,
+        exact=exact,
+        losses=graph_losses,
+        steps=steps,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,7 +420,7 @@ def _fsdp2_model():
     torch.manual_seed(0)
     net = Net()
     for block in (net.b0, net.b1, net.b2):  # one FSDP unit per block (a class of our own: see
-        fully_shard(block)                   # _mlp), and the root
+        fully_shard(block)  # _mlp), and the root
     fully_shard(net)
     return net
 
@@ -402,14 +428,15 @@ def _fsdp2_model():
 def fsdp2_training(rank, world_size, steps=8):
     """Trains an FSDP2 model eagerly and through torch.compile(backend=graphtrees) on this rank's
     own data; the graphs that read FSDP2 parameters run eagerly (Note [FSDP2 parameters] in
-    graphtrees/_dynamo_backend.py), the graph between FSDP units is recorded and replayed."""
+    graphtrees/_graph_checks.py), the graph between FSDP units is recorded and replayed."""
     import torch
 
     import graphtrees
 
     gen = torch.Generator().manual_seed(2000 + rank)
-    data = [(torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen))
-            for _ in range(steps)]
+    data = [
+        (torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(steps)
+    ]
 
     def train(m, f):
         opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
@@ -427,8 +454,11 @@ def fsdp2_training(rank, world_size, steps=8):
     for p, q in zip(full, full_ref):
         torch.testing.assert_close(p, q)
     _assert_same_across_ranks(full, world_size)
-    return dict(tree=_summary(graphtrees.tree_info("cpu")), steps=steps,
-                exact=all(torch.equal(p, q) for p, q in zip(full, full_ref)))
+    return dict(
+        tree=_summary(graphtrees.tree_info("cpu")),
+        steps=steps,
+        exact=all(torch.equal(p, q) for p, q in zip(full, full_ref)),
+    )
 
 
 CASES = {

@@ -3,9 +3,10 @@ eager above the largest bucket, and capture() recording every bucket ahead of ti
 
 import pytest
 import torch
-from helpers import assert_invariants, info
 
 from graphtrees import cudagraphify
+
+from helpers import assert_invariants, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 

@@ -6,9 +6,10 @@ import re
 
 import pytest
 import torch
-from helpers import assert_invariants, assert_overwritten, info
 
 import graphtrees
+
+from helpers import assert_invariants, info
 
 
 @pytest.fixture(autouse=True)
@@ -31,9 +32,13 @@ def test_backend_is_registered_by_entry_point():
 
 def test_inference_transformer_block_with_string_backend(device):
     torch.manual_seed(0)
-    block = torch.nn.TransformerEncoderLayer(
-        d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True
-    ).to(device).eval()
+    block = (
+        torch.nn.TransformerEncoderLayer(
+            d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True
+        )
+        .to(device)
+        .eval()
+    )
     compiled = torch.compile(block, backend="graphtrees")
     x = torch.randn(2, 5, 32, device=device)
     with torch.no_grad():
@@ -57,13 +62,15 @@ def test_training_matches_eager(device):
     ref = copy.deepcopy(model)
     compiled = graphtrees.compile(model, inner="aot_eager")
     gen = torch.Generator().manual_seed(1)
-    data = [(torch.randn(16, 8, generator=gen).to(device), torch.randn(16, 4, generator=gen).to(device))
-            for _ in range(20)]
+    data = [
+        (torch.randn(16, 8, generator=gen).to(device), torch.randn(16, 4, generator=gen).to(device))
+        for _ in range(20)
+    ]
     recordings = []
 
     def run(m, f):
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        for i, (x, y) in enumerate(data):
+        for _i, (x, y) in enumerate(data):
             opt.zero_grad()
             loss = ((f(x) - y) ** 2).mean()
             loss.backward()
@@ -99,8 +106,10 @@ def test_gradient_accumulation_over_micro_batches(device, schedule, micro_batche
     ref = copy.deepcopy(model)
     compiled = graphtrees.compile(model, inner="aot_eager")
     gen = torch.Generator().manual_seed(micro_batches)
-    steps = [[torch.randn(4, 8, generator=gen).to(device) for _ in range(micro_batches)]
-             for _ in range(4)]
+    steps = [
+        [torch.randn(4, 8, generator=gen).to(device) for _ in range(micro_batches)]
+        for _ in range(4)
+    ]
 
     def run(m, f):
         opt = torch.optim.SGD(m.parameters(), lr=0.05)
@@ -159,7 +168,7 @@ def test_shape_changes_beyond_the_bound_evict(device, caplog):
     compiled = graphtrees.compile(model, inner="aot_eager", dynamic=True, max_recorded_shapes=3)
     reserved = []
     with torch.no_grad():
-        for cycle in range(3):
+        for _cycle in range(3):
             for batch in (1, 2, 3, 4, 5, 6):
                 x = torch.randn(batch, 8, device=device)
                 for _ in range(3):
@@ -187,7 +196,9 @@ def test_forward_output_held_into_next_step_raises(device):
     with pytest.raises(RuntimeError) as e:
         out.sum()
     msg = str(e.value)
-    assert "overwritten by a subsequent run" in msg and ".clone()" in msg and "mark_step_begin" in msg
+    assert (
+        "overwritten by a subsequent run" in msg and ".clone()" in msg and "mark_step_begin" in msg
+    )
 
 
 def test_forward_without_backward_does_not_get_stuck(device, caplog):
@@ -313,7 +324,7 @@ def test_training_with_graph_break_chains_forwards_then_backwards(device):
     gen = torch.Generator().manual_seed(3)
     for _ in range(8):
         x = torch.randn(4, 8, generator=gen).to(device)
-        for m, f, o in ((model, compiled, opts[0]), (ref, ref, opts[1])):
+        for _m, f, o in ((model, compiled, opts[0]), (ref, ref, opts[1])):
             o.zero_grad()
             f(x).pow(2).mean().backward()
             o.step()
@@ -411,10 +422,12 @@ def test_sliced_input_keeps_its_strides(device, inner):
     # A copied input's placeholder keeps the strides the compiled graph was made for: a slice
     # such as tokens[:, :-1] (strides (33, 1)) must not become a contiguous copy.
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 50)).to(device).eval()
+    model = (
+        torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 50)).to(device).eval()
+    )
     compiled = graphtrees.compile(model, inner=inner)
     with torch.no_grad():
-        for step in range(4):
+        for _step in range(4):
             tokens = torch.randint(0, 50, (8, 33), device=device)
             torch.testing.assert_close(compiled(tokens[:, :-1]), model(tokens[:, :-1]))
     assert info(device)["num_replays"] >= 2
@@ -506,7 +519,7 @@ def test_a_forward_that_turned_eager_does_not_hold_the_step_open(device):
     model = _mlp(device)
     compiled = graphtrees.compile(model, inner="aot_eager", rerecord_limit=2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for step in range(24):
+    for _step in range(24):
         model[0].weight.data = model[0].weight.data.clone()  # a new address every step
         x = torch.randn(4, 8, device=device)
         opt.zero_grad()

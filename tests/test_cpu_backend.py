@@ -5,10 +5,11 @@ import threading
 
 import pytest
 import torch
-from helpers import assert_invariants, info
 
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
+
+from helpers import assert_invariants, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -32,9 +33,12 @@ def test_data_dependent_control_flow_raises_a_clear_error():
     for _ in range(3):
         torch.testing.assert_close(g(pos), pos * 2)
     mode["double"] = False
-    with pytest.raises(RuntimeError, match=r"replay of '.*branchy' diverged from its recording: "
-                                           r"allocation #\d+ asked for 64 bytes where the "
-                                           r"recording asked for \d+"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"replay of '.*branchy' diverged from its recording: "
+        r"allocation #\d+ asked for 64 bytes where the "
+        r"recording asked for \d+",
+    ):
         g(pos)
     mode["double"] = True
     # Nothing is left half-done: the same node replays correctly afterwards.
@@ -56,7 +60,9 @@ def test_replay_with_fewer_allocations_raises():
     for _ in range(3):
         g(x)
     mode["twice"] = False
-    with pytest.raises(RuntimeError, match=r"the replay made \d+ allocations where the recording made \d+"):
+    with pytest.raises(
+        RuntimeError, match=r"the replay made \d+ allocations where the recording made \d+"
+    ):
         g(x)
 
 
@@ -212,7 +218,9 @@ def test_data_dependent_output_shape_raises():
     for _ in range(3):
         torch.testing.assert_close(g(a), f(a))
     keep["k"] = 5
-    with pytest.raises(RuntimeError, match=r"output 0 has shape \[5\] where the recording's had \[3\]"):
+    with pytest.raises(
+        RuntimeError, match=r"output 0 has shape \[5\] where the recording's had \[3\]"
+    ):
         g(a)
 
 

@@ -6,10 +6,11 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, assert_invariants, info, live_pool_blocks
 
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
+
+from helpers import ROOT, assert_invariants, info, live_pool_blocks
 
 pytestmark = [pytest.mark.needs_cuda, pytest.mark.usefixtures("no_grad")]
 
@@ -49,7 +50,9 @@ def test_seed_story_pool_matches_tracked_outputs_every_step():
 
 def test_transformer_block_replays_bit_identically():
     torch.manual_seed(0)
-    block = torch.nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True).cuda().eval()
+    block = (
+        torch.nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True).cuda().eval()
+    )
     g = cudagraphify(block)
     x = torch.randn(4, 32, 256, device="cuda")
     ref = block(x)
@@ -62,9 +65,23 @@ def test_transformer_block_replays_bit_identically():
 def _run_suite_with_env(env_extra, selection, timeout):
     env = dict(os.environ, GRAPHTREES_CUDA="1", **env_extra)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "cuda",
-         *selection],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "cuda",
+            *selection,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -72,10 +89,18 @@ def test_behaviour_suite_with_expandable_segments():
     # Its own stage in scripts/gpu_check.sh (selected with -k expandable); the property test runs
     # with fewer examples there (GRAPHTREES_HYPOTHESIS_EXAMPLES).
     r = _run_suite_with_env(
-        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-         "GRAPHTREES_HYPOTHESIS_EXAMPLES": os.environ.get("GRAPHTREES_HYPOTHESIS_EXAMPLES", "20")},
-        ["tests/test_tree_behaviour.py", "tests/test_seed_story.py", "tests/test_property.py",
-         "tests/test_hardening.py"],
+        {
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            "GRAPHTREES_HYPOTHESIS_EXAMPLES": os.environ.get(
+                "GRAPHTREES_HYPOTHESIS_EXAMPLES", "20"
+            ),
+        },
+        [
+            "tests/test_tree_behaviour.py",
+            "tests/test_seed_story.py",
+            "tests/test_property.py",
+            "tests/test_hardening.py",
+        ],
         timeout=int(os.environ.get("GRAPHTREES_EXPANDABLE_TIMEOUT", "900")),
     )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
@@ -83,7 +108,9 @@ def test_behaviour_suite_with_expandable_segments():
 
 
 def _private_pool_segments():
-    return [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)]
+    return [
+        s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)
+    ]
 
 
 def _use_a_tree(n=3):
@@ -142,8 +169,9 @@ def test_create_and_reset_cycles_with_expandable_segments():
         "assert res[-1] == res[0], res\n"
     )
     env = dict(os.environ, GRAPHTREES_CUDA="1", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=240, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -205,8 +233,9 @@ def test_device_side_assert_surfaces_as_an_exception_not_an_abort():
         "print('survived')\n"
     )
     env = dict(os.environ, GRAPHTREES_CUDA="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-3000:])
     assert "call raised" in r.stdout and "survived" in r.stdout
 
@@ -254,8 +283,9 @@ def test_cuda_malloc_async_backend_is_refused_with_a_reason():
         "print(graphtrees.tree_info('cuda')['num_fallbacks'])\n"
     )
     env = dict(os.environ, GRAPHTREES_CUDA="1", PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr
     assert "cudaMallocAsync" in r.stderr
 
@@ -287,8 +317,9 @@ def _one_rank_group(tmp_path, backend):
     import torch.distributed as dist
 
     kwargs = {"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}
-    dist.init_process_group(backend, init_method=f"file://{tmp_path}/store", rank=0,
-                            world_size=1, **kwargs)
+    dist.init_process_group(
+        backend, init_method=f"file://{tmp_path}/store", rank=0, world_size=1, **kwargs
+    )
     return dist
 
 
@@ -435,8 +466,10 @@ def test_two_threads_record_and_replay_at_once():
         try:
             with torch.no_grad():
                 fns = [cudagraphify(lambda x, k=k: (x * k).relu() + k) for k in range(4)]
-                x = torch.randn(256, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
-                for step in range(6):
+                x = torch.randn(
+                    256, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)
+                )
+                for _step in range(6):
                     mark_step_begin()
                     for k, fn in enumerate(fns):
                         torch.testing.assert_close(fn(x), (x * k).relu() + k)

@@ -32,9 +32,14 @@ def run_ranks(*jobs, timeout=TIMEOUT_S):
     results_queue = ctx.Queue()
     port = _free_port()
     what = ", ".join(case for case, _ in jobs)
-    procs = [ctx.Process(target=distributed_workers.entry, name=f"rank{rank}",
-                         args=(rank, WORLD_SIZE, port, list(jobs), results_queue))
-             for rank in range(WORLD_SIZE)]
+    procs = [
+        ctx.Process(
+            target=distributed_workers.entry,
+            name=f"rank{rank}",
+            args=(rank, WORLD_SIZE, port, list(jobs), results_queue),
+        )
+        for rank in range(WORLD_SIZE)
+    ]
     results = {}  # (job, rank) -> result
     done, errors = set(), {}
 
@@ -57,8 +62,11 @@ def run_ranks(*jobs, timeout=TIMEOUT_S):
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(set(range(WORLD_SIZE)) - done)
-                pytest.fail(f"{what}: ranks {missing} did not finish within {timeout} s (a hung "
-                            "collective?); all ranks were killed", pytrace=False)
+                pytest.fail(
+                    f"{what}: ranks {missing} did not finish within {timeout} s (a hung "
+                    "collective?); all ranks were killed",
+                    pytrace=False,
+                )
             try:
                 take(results_queue.get(timeout=min(1.0, left)))
             except queue_module.Empty:
@@ -81,9 +89,10 @@ def run_ranks(*jobs, timeout=TIMEOUT_S):
                     take(results_queue.get(timeout=0.5))
                 except queue_module.Empty:
                     pass
-            pytest.fail(f"{what}:\n" + "\n".join(f"--- rank {r} {tb}"
-                                                  for r, tb in sorted(errors.items())),
-                        pytrace=False)
+            pytest.fail(
+                f"{what}:\n" + "\n".join(f"--- rank {r} {tb}" for r, tb in sorted(errors.items())),
+                pytrace=False,
+            )
         for p in procs:
             p.join(max(1.0, deadline - time.monotonic()))
             assert p.exitcode == 0, f"{p.name} exited with code {p.exitcode}"
@@ -138,7 +147,7 @@ def _assert_ddp_tree(result):
     assert kinds == ["forward"] * len(forwards) + ["backward"] * len(backwards)
     # Each bucket's all-reduce starts right after the backward piece that produced its
     # gradients, before the earlier pieces' backwards run: between the graphtrees nodes.
-    last_step = result["comm"][-len(backwards):]
+    last_step = result["comm"][-len(backwards) :]
     started_after = [name for _, name, _ in last_step]
     assert started_after == [n["function"] for n in chain if n["function"].endswith(".backward")]
     assert len(set(started_after)) >= 2
@@ -177,9 +186,13 @@ def test_ddp_training_with_the_registered_backend_and_inductor():
 # Collectives inside a graphed function
 
 
-COLLECTIVE_CASES = ("collectives", "collectives_in_place_on_a_static_buffer",
-                    "collectives_in_place_on_a_copied_input", "collectives_with_eager_rank",
-                    "collectives_rejected_capture")
+COLLECTIVE_CASES = (
+    "collectives",
+    "collectives_in_place_on_a_static_buffer",
+    "collectives_in_place_on_a_copied_input",
+    "collectives_with_eager_rank",
+    "collectives_rejected_capture",
+)
 
 
 @pytest.fixture(scope="module")
@@ -219,8 +232,10 @@ def test_an_in_place_collective_on_a_copied_input_runs_eagerly(collective_runs):
         # Each rank checked that its own x was reduced at every call; the warmup that found the
         # mutation counts as a fallback too.
         assert tree["num_nodes"] == 0 and tree["num_fallbacks"] == result["steps"]
-        assert any("mutates its input tensor #0 in place (c10d::allreduce_)" in w
-                   for w in _warnings(result))
+        assert any(
+            "mutates its input tensor #0 in place (c10d::allreduce_)" in w
+            for w in _warnings(result)
+        )
 
 
 def test_a_rank_that_runs_eagerly_stays_in_step(collective_runs):
@@ -238,8 +253,9 @@ def test_a_rank_whose_recording_is_rejected_stays_in_step(collective_runs):
     assert graphed["tree"]["num_replays"] == graphed["steps"] - 2
     assert rejected["tree"]["num_nodes"] == 0
     assert rejected["tree"]["num_fallbacks"] == rejected["steps"] - 1
-    assert any("reads tensor values on the host" in w and "aten::item" in w
-               for w in _warnings(rejected))
+    assert any(
+        "reads tensor values on the host" in w and "aten::item" in w for w in _warnings(rejected)
+    )
     # The rejected recording's results were returned, not recomputed: one run, hence one
     # all-reduce, per call on both ranks (the values each rank checked agree).
     assert graphed["calls"] == graphed["steps"] and rejected["calls"] == rejected["steps"]
@@ -260,8 +276,9 @@ def test_fsdp2_training_runs_fsdp_graphs_eagerly_with_the_reason_and_equals_eage
         # backward: nothing was re-recorded at each step's new parameter addresses.
         eager = {w.split("'")[1] for w in warned}
         units = {name.split(".")[0] for name in eager}
-        assert len(units) == 3 and eager == {f"{u}.{kind}" for u in units
-                                              for kind in ("forward", "backward")}
+        assert len(units) == 3 and eager == {
+            f"{u}.{kind}" for u in units for kind in ("forward", "backward")
+        }
         assert tree["num_rerecords"] == 0 and tree["num_fallbacks"] == 6 * steps
         # The graph after the last unit reads no FSDP2 parameter: recorded once, then replayed
         # at every step (an eager forward does not hold the path open into the next step).
@@ -303,8 +320,9 @@ def test_a_barrier_rejects_the_recording(tmp_path, caplog):
         g = graphtrees.cudagraphify(f)
         with torch.no_grad():
             for i in range(4):
-                torch.testing.assert_close(g(torch.full((2,), float(i))),
-                                           torch.full((2,), float(i + 1)))
+                torch.testing.assert_close(
+                    g(torch.full((2,), float(i))), torch.full((2,), float(i + 1))
+                )
         assert len(runs) == 4
         assert "torch.distributed.barrier()" in caplog.text
         assert graphtrees.tree_info("cpu")["num_nodes"] == 0

@@ -7,8 +7,9 @@ from helpers import ROOT
 
 
 def _run(*args):
-    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
@@ -36,8 +37,16 @@ def test_diffusion_cfg_example():
 
 def test_ddp_train_example():
     # Two ranks through torchrun (--standalone: a free port, not the fixed 29500), gloo on CPU.
-    out = _run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "examples/ddp_train.py", "--steps", "6")
+    out = _run(
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "examples/ddp_train.py",
+        "--steps",
+        "6",
+    )
     assert "parameters agree across 2 ranks" in out
     for rank in (0, 1):  # each rank printed its own tree: three pieces, forward and backward
         assert f"[rank {rank}] tree on cpu (cpu-emulation): 6 nodes" in out

@@ -4,16 +4,16 @@ device's failures are injected (graphtrees._C._inject_failure), on CUDA the reje
 real."""
 
 import gc
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import ROOT, assert_invariants, info
 
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
+
+from helpers import ROOT, assert_invariants, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -236,7 +236,9 @@ def test_error_while_unwinding_keeps_the_users_error(device, tree_logs):
     assert "ending the pool routing after an error failed too" in tree_logs.text
     k = cudagraphify(lambda x: x * 4)
     for _ in range(3):
-        torch.testing.assert_close(k(torch.ones(4, device=device)), torch.full((4,), 4.0, device=device))
+        torch.testing.assert_close(
+            k(torch.ones(4, device=device)), torch.full((4,), 4.0, device=device)
+        )
     assert_invariants(device)
 
 
@@ -265,8 +267,9 @@ def test_error_while_releasing_at_exit_does_not_abort():
         "graphtrees._ext.get_ext()._inject_failure('release_pool', 1)\n"
         "print('done')\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr
     assert "done" in r.stdout and "injected failure after releasing" in r.stderr
 
@@ -299,7 +302,7 @@ def test_autocast_replays_follow_eager_across_steps(device):
     other = cudagraphify(lambda x: (x * 2 + 1).relu())
     x = torch.randn(8, 64, device=device)
     dt = torch.bfloat16
-    for step in range(6):
+    for _step in range(6):
         mark_step_begin()
         with torch.autocast(_autocast_device(device), dt):
             y = g(x)
@@ -330,8 +333,15 @@ def test_autocast_state_is_part_of_the_signature(device):
 def test_conv_net_with_onednn_replays(device):
     # oneDNN allocates scratch memory through raw_allocate/raw_deallocate: replayed allocations
     # must look like ordinary ones.
-    m = torch.nn.Sequential(torch.nn.Conv2d(4, 16, 3, padding=1), torch.nn.ReLU(),
-                            torch.nn.Conv2d(16, 4, 3, padding=1)).to(device).eval()
+    m = (
+        torch.nn.Sequential(
+            torch.nn.Conv2d(4, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 4, 3, padding=1),
+        )
+        .to(device)
+        .eval()
+    )
     f = cudagraphify(m)
     with torch.inference_mode():
         for _ in range(4):
@@ -389,8 +399,10 @@ def _refused_while_capturing(x):
     # graphtrees answers torch.cuda.is_current_stream_capturing() with True while it records, on
     # every backend, so this is the same path on CPU.
     if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture "
-                           "unless the CPU tensor is pinned.")
+        raise RuntimeError(
+            "Cannot copy between CPU and CUDA tensors during CUDA graph capture "
+            "unless the CPU tensor is pinned."
+        )
     return x * 4
 
 
@@ -450,8 +462,9 @@ def test_keyboard_interrupt_during_the_capture_propagates(device):
 
 def _stale_input_setup(device):
     # A 10 MiB output recorded over three steps, and a function warmed up on it.
-    big = cudagraphify(torch.nn.Sequential(torch.nn.Linear(64, 64)).to(device).requires_grad_(False)
-                       .__call__)
+    big = cudagraphify(
+        torch.nn.Sequential(torch.nn.Linear(64, 64)).to(device).requires_grad_(False).__call__
+    )
     x = torch.randn(40960, 64, device=device)
     for _ in range(3):
         mark_step_begin()
@@ -462,8 +475,11 @@ def _stale_input_setup(device):
 FALLBACKS = {
     "checkpoint": lambda y: torch.cat([y, y]) * 3,
     "rejected": lambda y: torch.cat([y, y]) * 3 + len(y[:1, :1].tolist()) * 0,
-    "raises": lambda y: torch.cat([y, y]) * 3 if not torch.cuda.is_current_stream_capturing()
-    else (_ for _ in ()).throw(RuntimeError("refused during capture")),
+    "raises": lambda y: (
+        torch.cat([y, y]) * 3
+        if not torch.cuda.is_current_stream_capturing()
+        else (_ for _ in ()).throw(RuntimeError("refused during capture"))
+    ),
 }
 
 
@@ -474,6 +490,7 @@ def test_fallbacks_of_a_recording_run_on_the_clone_of_a_stale_input(device, exit
     big, x, y0 = _stale_input_setup(device)
     expected_base = y0.clone()
     if exit_ == "mutation":
+
         def fn(y):
             y.mul_(1)  # an in-place op on a copied input: the recording is refused
             return torch.cat([y, y]) * 3

@@ -6,11 +6,12 @@ import logging
 
 import pytest
 import torch
-from helpers import assert_invariants, assert_overwritten, info
 
 import graphtrees
 from graphtrees import cudagraphify
 from graphtrees._ext import get_ext
+
+from helpers import assert_invariants, assert_overwritten, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -87,7 +88,12 @@ def test_budget_with_nothing_to_evict_runs_eagerly(tree_logs):
     t = info("cpu")
     assert t["num_nodes"] == 0 and t["num_out_of_memory"] == 1  # no retry without an eviction
     assert t["pool"]["reserved_bytes"] <= 8 * MiB
-    assert tree_logs.text.count("no recording off the current path (nor one whose outputs this call reads) was left") == 1
+    assert (
+        tree_logs.text.count(
+            "no recording off the current path (nor one whose outputs this call reads) was left"
+        )
+        == 1
+    )
     graphtrees.set_memory_budget("cpu", None)
     assert graphtrees.memory_budget("cpu") is None
     graphtrees.reset()  # a reset lets it try again
@@ -223,7 +229,7 @@ def test_cycling_shapes_keep_the_hot_recordings(tree_logs):
     # run eagerly, with the advice to use buckets.
     tree_logs.set_level(logging.INFO, logger="graphtrees")
     g = cudagraphify(lambda x: x * 2 + 1, max_recorded_shapes=4)
-    for cycle in range(6):
+    for _cycle in range(6):
         for b in range(1, 9):
             x = torch.randn(b, 4)
             torch.testing.assert_close(g(x), x * 2 + 1)

@@ -5,9 +5,10 @@ raw_allocate/raw_deallocate: replayed allocations must look exactly like ordinar
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_invariants, info
 
 from graphtrees import cudagraphify
+
+from helpers import assert_invariants, info
 
 
 class Vision(torch.nn.Module):
@@ -33,7 +34,9 @@ class Attention(torch.nn.Module):
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        return (
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        )
 
 
 class Bag(torch.nn.Module):

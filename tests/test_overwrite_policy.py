@@ -3,14 +3,14 @@ writes their memory, instead of being invalidated; chain_limit bounds a function
 own outputs within one step."""
 
 import gc
-import logging
 
 import pytest
 import torch
-from helpers import assert_invariants, assert_overwritten, info
 
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
+
+from helpers import assert_invariants, assert_overwritten, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -22,7 +22,7 @@ def enc_fn(ids, table):
 def test_two_calls_of_one_function_keep_the_first_result(device):
     # y1 = f(x1); y2 = f(x2); print(y1): the second call starts a new step, and reuses the pool.
     f = cudagraphify(lambda x: (x * 3).sin(), on_overwrite="copy")
-    for i in range(5):
+    for _i in range(5):
         x1, x2 = torch.randn(64, device=device), torch.randn(64, device=device)
         y1 = f(x1)
         y2 = f(x2)
@@ -57,8 +57,9 @@ def test_classifier_free_guidance_written_the_natural_way(device):
         for step in range(6):
             guide = cond if step % 2 == 0 else uncond  # guidance on some steps, off on others
             x = denoise(x, guide)
-            ref = ref - 0.1 * torch.tanh(ref + (enc_fn(ids, table) if step % 2 == 0
-                                                else enc_fn(null_ids, table)))
+            ref = ref - 0.1 * torch.tanh(
+                ref + (enc_fn(ids, table) if step % 2 == 0 else enc_fn(null_ids, table))
+            )
         torch.testing.assert_close(x, ref)
         torch.testing.assert_close(cond, enc_fn(ids, table))
         torch.testing.assert_close(uncond, enc_fn(null_ids, table))
@@ -102,7 +103,8 @@ def test_sampler_loop_of_50_steps_keeps_its_condition(device, tree_logs):
         torch.testing.assert_close(cond, torch.tanh(z @ w))
         torch.testing.assert_close(x, ref)
     assert "chain_limit=16" in tree_logs.text  # the new steps it started are logged once
-    assert tree_logs.text.count("chain_limit=16") == 1
+    # The INFO line is logged once (each path's end is logged at DEBUG, naming the limit too).
+    assert tree_logs.text.count("on outputs of that step (chain_limit=16)") == 1
 
 
 def test_chain_limit_bounds_the_recordings_of_a_loop(device):

@@ -12,12 +12,13 @@ import os
 
 import pytest
 import torch
-from helpers import assert_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import graphtrees
 from graphtrees import cudagraphify
+
+from helpers import assert_invariants
 
 FUNCS = [
     (1, lambda x: x + 1),
@@ -32,10 +33,16 @@ arg = st.one_of(
     st.tuples(st.just("fresh"), st.sampled_from([0, 0, 0, 1]), st.integers(0, 10_000)),
     st.tuples(st.just("held"), st.integers(0, 50)),
 )
-call = st.tuples(st.just("call"), st.integers(0, len(FUNCS) - 1), st.lists(arg, min_size=2, max_size=2))
+call = st.tuples(
+    st.just("call"), st.integers(0, len(FUNCS) - 1), st.lists(arg, min_size=2, max_size=2)
+)
 # A typical step: a new step begins, f_i runs on a fresh input and f_j on f_i's first output.
-step_op = st.tuples(st.just("step"), st.integers(0, len(FUNCS) - 1), st.integers(0, len(FUNCS) - 1),
-                    st.integers(0, 3))
+step_op = st.tuples(
+    st.just("step"),
+    st.integers(0, len(FUNCS) - 1),
+    st.integers(0, len(FUNCS) - 1),
+    st.integers(0, 3),
+)
 # Weighted: calls dominate, so that functions get warmed up, recorded and replayed.
 op = st.one_of(
     step_op,
@@ -65,7 +72,13 @@ def _valid(t):
         return None
 
 
-COUNTERS = ("num_replays", "num_recordings", "num_checkpoints", "num_invalidations", "num_rerecords")
+COUNTERS = (
+    "num_replays",
+    "num_recordings",
+    "num_checkpoints",
+    "num_invalidations",
+    "num_rerecords",
+)
 
 
 def _add_counters(totals, device):

@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import info
 
 from graphtrees import cudagraphify
+
+from helpers import info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -34,7 +35,8 @@ class Pair:
 
 
 torch.utils._pytree.register_pytree_node(
-    Pair, lambda p: ([p.a, p.b], None), lambda children, _: Pair(*children))
+    Pair, lambda p: ([p.a, p.b], None), lambda children, _: Pair(*children)
+)
 
 
 def test_dataclass_argument_and_result(device):

@@ -2,9 +2,10 @@
 
 import pytest
 import torch
-from helpers import assert_invariants, info
 
 from graphtrees import cudagraphify, mark_step_begin
+
+from helpers import assert_invariants, info
 
 
 class Trunk(torch.nn.Module):
@@ -55,7 +56,7 @@ def test_seed_story(device, batch):
         reserved_after_g2 = t["pool"]["reserved_bytes"]
         del y2
 
-        for step in range(3):  # g3: warmup, record, replay -- with g1's output held throughout
+        for _step in range(3):  # g3: warmup, record, replay -- with g1's output held throughout
             mark_step_begin()
             h = g1(x)
             h_copy = h.clone()

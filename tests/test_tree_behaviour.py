@@ -10,10 +10,17 @@ import time
 
 import pytest
 import torch
-from helpers import assert_invariants, assert_overwritten, info, pool_allocated_blocks, replays_run_python
 
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
+
+from helpers import (
+    assert_invariants,
+    assert_overwritten,
+    info,
+    pool_allocated_blocks,
+    replays_run_python,
+)
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -44,7 +51,7 @@ def test_warmup_record_replay_counts(device):
 
 def test_replay_sees_new_input_values(device):
     g = cudagraphify(lambda x: (x.sin() * 2, x.cos()))
-    for i in range(5):
+    for _i in range(5):
         x = torch.randn(16, 16, device=device)
         a, b = g(x)
         torch.testing.assert_close(a, x.sin() * 2)
@@ -115,7 +122,9 @@ def test_decorator_forms(device):
 
 def test_module_parameters_are_static_and_used_in_place(device):
     torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(device)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(
+        device
+    )
     g = cudagraphify(m)
     x = torch.randn(5, 8, device=device)
     for _ in range(3):
@@ -137,13 +146,15 @@ def test_static_argnums_address_change_rerecords_then_falls_back(device, tree_lo
     w = torch.randn(4, 4, device=device)
     for _ in range(3):
         torch.testing.assert_close(g(w, x), x @ w)
-    for i in range(4):
+    for _i in range(4):
         w = torch.randn(4, 4, device=device)  # new address each time
         torch.testing.assert_close(g(w, x), x @ w)
     t = info(device)
     assert t["num_rerecords"] == 2  # the third address change exceeds the limit: eager
     assert t["num_fallbacks"] >= 1
-    assert "rerecord_limit=2" in tree_logs.text and "static input 0 changed address" in tree_logs.text
+    assert (
+        "rerecord_limit=2" in tree_logs.text and "static input 0 changed address" in tree_logs.text
+    )
     (sig,) = g.signatures()
     assert "re-recorded" in sig["eager_reason"]
 
@@ -495,7 +506,7 @@ def test_inplace_mutation_of_static_input_is_graphed(device):
     g = cudagraphify(f, static_argnums=(0,))
     buf = torch.zeros(4, device=device)
     x = torch.ones(4, device=device)
-    for i in range(5):
+    for _i in range(5):
         out = g(buf, x)
     torch.testing.assert_close(buf, torch.full((4,), 5.0, device=device))
     torch.testing.assert_close(out, buf)
@@ -573,8 +584,16 @@ def assert_overwritten_or_freed(t):
 
 def test_tree_info_without_tree_has_all_keys(device):
     t = info(device)
-    for key in ("device", "num_nodes", "num_roots", "num_checkpoints", "num_rerecords",
-                "num_fallbacks", "pool", "nodes"):
+    for key in (
+        "device",
+        "num_nodes",
+        "num_roots",
+        "num_checkpoints",
+        "num_rerecords",
+        "num_fallbacks",
+        "pool",
+        "nodes",
+    ):
         assert key in t
     assert t["num_nodes"] == 0 and t["nodes"] == [] and t["pool"]["reserved_bytes"] == 0
     assert "digraph" in graphtrees.tree_to_dot(device)
@@ -661,7 +680,7 @@ def test_threads_have_their_own_trees_and_steps(device):
                     torch.testing.assert_close(y, x * 2 + 1)
                 trees[seed] = info(device)
                 assert_invariants(device)
-        except Exception as e:  # pragma: no cover - reported below
+        except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     worker(-1, wait=False)  # alone, on the main thread: what each thread must see too
@@ -675,7 +694,9 @@ def test_threads_have_their_own_trees_and_steps(device):
         assert {k: t[k] for k in keys} == {k: alone[k] for k in keys}
     assert alone["num_replays"] == 36
     assert info(device)["num_nodes"] == 0  # the main thread's tree is its own
-    torch.testing.assert_close(g(torch.ones(8, device=device)), torch.full((8,), 3.0, device=device))
+    torch.testing.assert_close(
+        g(torch.ones(8, device=device)), torch.full((8,), 3.0, device=device)
+    )
 
 
 def test_trees_of_exited_threads_are_freed_once_their_outputs_die(device):
@@ -704,8 +725,9 @@ def test_trees_of_exited_threads_are_freed_once_their_outputs_die(device):
     f = cudagraphify(lambda x: x * 3)
     pools = graphtrees._ext.get_ext()._cpu_pool_totals
     for _ in range(500):
-        torch.testing.assert_close(f(torch.ones(4, device=device)),
-                                   torch.full((4,), 3.0, device=device))
+        torch.testing.assert_close(
+            f(torch.ones(4, device=device)), torch.full((4,), 3.0, device=device)
+        )
         if device != "cpu" or pools()[0] == 1:
             break
         time.sleep(0.01)
@@ -727,16 +749,16 @@ def test_backward_on_another_thread_runs_in_its_forwards_tree(device):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     errors = []
-    for step in range(5):
+    for _step in range(5):
         x = torch.randn(4, 8, device=device)
         opt.zero_grad()
         ref_opt.zero_grad()
         loss = compiled(x).pow(2).mean()
 
-        def backward():
+        def backward(loss=loss):
             try:
                 loss.backward()
-            except Exception as e:  # pragma: no cover - reported below
+            except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(e)
 
         t = threading.Thread(target=backward)
@@ -766,7 +788,7 @@ def test_failed_restore_records_into_a_fresh_pool(device, tree_logs):
         mark_step_begin()
         a = g1(x)
         g2(a)
-    graphtrees._ext.get_ext()._fail_next_restores(1)
+    graphtrees._ext.get_ext()._inject_failure("restore", 1)
     h = cudagraphify(lambda a: a.exp())
     out = h(a)  # warmup after replays needs a restore, which fails
     torch.testing.assert_close(out, (x * 2).exp())
@@ -830,7 +852,7 @@ def test_concurrent_first_calls_of_a_module(device):
             with torch.no_grad():
                 for _ in range(3):
                     torch.testing.assert_close(g(x), m(x))
-        except Exception as e:  # pragma: no cover - reported below
+        except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     _run_threads(work, [()] * 4)

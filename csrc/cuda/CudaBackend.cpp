@@ -1,12 +1,14 @@
 #include "cuda/CudaBackend.h"
 
+#include "FailureInjection.h"
 #include "Logging.h"
-#include "ProcessState.h"
+#include "PythonHooks.h"
+#include "cuda/CudaGraph.h"
+#include "cuda/DeviceLock.h"
+#include "cuda/MemoryLimit.h"
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/_foreach_copy.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,8 +18,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <unordered_set>
@@ -38,92 +38,7 @@ namespace graphtrees {
 
 namespace CCA = c10::cuda::CUDACachingAllocator;
 
-// Note [Generators and captures]
-// A CUDA graph advances a generator's philox offset on every replay only if the generator was
-// registered with the graph before capture_begin(). The device's default generator registers
-// itself; a torch.Generator("cuda") passed as an argument is registered here (PyTorch's trees do
-// the same), so each replay draws fresh numbers from it, as eager calls would. c10 registers a
-// generator's state, which CUDAGeneratorImpl keeps private (torch 2.14 binds no overload that
-// takes the generator itself): generatorState() reads it through a pointer to the member, taken
-// where C++ allows naming a private member, in an explicit template instantiation.
-// A capture that fails leaves the generators it registered in capture mode on torch 2.11 (its
-// CUDAGeneratorState::capturing_ is reset only by a successful capture_end()): every later eager
-// random op on the device would raise "Offset increment outside graph capture". abandonCapture()
-// resets the flag; torch >= 2.12 keeps one capture state per capture id instead, which eager ops
-// do not consult. The flag is detected from the declarations, not from the version number.
 namespace {
-
-template <typename Tag, typename Tag::type Member>
-struct PrivateMember {
-  friend typename Tag::type memberOf(Tag) { return Member; }
-};
-struct GeneratorStateTag {
-  using type = c10::intrusive_ptr<at::CUDAGeneratorState> at::CUDAGeneratorImpl::*;
-  friend type memberOf(GeneratorStateTag);
-};
-template struct PrivateMember<GeneratorStateTag, &at::CUDAGeneratorImpl::state_>;
-
-c10::intrusive_ptr<at::CUDAGeneratorState> generatorState(const at::Generator& gen) {
-  auto* impl = gen.get<at::CUDAGeneratorImpl>();
-  return impl->*memberOf(GeneratorStateTag{});
-}
-
-// torch 2.11: a public flag per generator state.
-template <typename State>
-auto leaveCaptureMode(State& state, unsigned long long /*capture_id*/, int)
-    -> decltype(state.capturing_ = false, void()) {
-  state.capturing_ = false;
-}
-// torch >= 2.12 keeps one capture state per capture id, which an eager op never consults (its
-// remove_capture_state() is not exported: the entry of an abandoned capture stays, a few bytes).
-template <typename State>
-void leaveCaptureMode(State& /*state*/, unsigned long long /*capture_id*/, ...) {}
-
-}  // namespace
-
-// at::cuda::CUDAGraph, with what graphtrees needs of its protected state.
-struct TreeGraph : at::cuda::CUDAGraph {
-  // Note [Generators and captures].
-  void leaveGeneratorCaptures() {
-    for (auto& kv : captured_generator_states_) leaveCaptureMode(*kv.first, capture_id_, 0);
-  }
-};
-
-// Note [One allocation phase per device]
-// Only one capture may be under way on a device while other threads touch it freely: a device
-// synchronisation from any thread invalidates it, c10's emptyCache() asserts that none is under
-// way, and torch 2.11 keeps one capture state per generator. Trees of different threads share
-// the device, so everything a tree does with the allocator -- warmups (routed), placeholder
-// copies, captures, checkpoints, restores and the release of its pool -- holds the device's
-// allocation lock, taken with the GIL released. Replays do not take it: they launch a graph and
-// allocate nothing. Waits are for streams (the tree's, the caller's and those replays ran on),
-// never for the whole device, so a user's own capture on another stream stays valid too. With
-// one phase at a time per device, the memory fraction that a budget lowers (applyLimit) is saved
-// and restored by one tree at a time.
-namespace {
-
-std::recursive_mutex& deviceMutex(c10::DeviceIndex device) {
-  static std::mutex guard;
-  static auto* mutexes = new std::map<c10::DeviceIndex, std::recursive_mutex>();  // never freed
-  std::lock_guard<std::mutex> lock(guard);
-  return (*mutexes)[device];
-}
-
-void lockWithoutGil(std::recursive_mutex& m) {
-  if (m.try_lock()) return;
-  runBlocking([&m] { m.lock(); });
-}
-
-class DeviceLock {
- public:
-  explicit DeviceLock(c10::DeviceIndex device) : m_(deviceMutex(device)) { lockWithoutGil(m_); }
-  ~DeviceLock() { m_.unlock(); }
-  DeviceLock(const DeviceLock&) = delete;
-  DeviceLock& operator=(const DeviceLock&) = delete;
-
- private:
-  std::recursive_mutex& m_;
-};
 
 class CudaCheckpoint final : public Checkpoint {
  public:
@@ -131,35 +46,6 @@ class CudaCheckpoint final : public Checkpoint {
       : state_(std::move(state)), segments_(std::move(segments)) {}
   std::shared_ptr<CCA::AllocatorState> state_;
   std::vector<uintptr_t> segments_;  // base addresses: a restore needs each of them to exist
-};
-
-class CudaGraph final : public Graph {
- public:
-  CudaGraph(std::unique_ptr<TreeGraph> graph, std::vector<Interval> footprint,
-            c10::DeviceIndex device, std::vector<cudaStream_t>* replay_streams)
-      : graph_(std::move(graph)),
-        footprint_(std::move(footprint)),
-        device_(device),
-        replay_streams_(replay_streams) {}
-
-  // The addresses are baked into the graph: no Python runs, inputs are already in place.
-  void replay(const RunFn& /*run*/, const std::vector<at::Tensor>& /*inputs*/,
-              const std::vector<int64_t>& /*copied*/,
-              const std::vector<at::Tensor>& /*placeholders*/) override {
-    const cudaStream_t s = c10::cuda::getCurrentCUDAStream(device_).stream();
-    if (C10_UNLIKELY(std::find(replay_streams_->begin(), replay_streams_->end(), s) ==
-                     replay_streams_->end())) {
-      replay_streams_->push_back(s);
-    }
-    graph_->replay();
-  }
-  const std::vector<Interval>& footprint() const override { return footprint_; }
-
- private:
-  std::unique_ptr<TreeGraph> graph_;
-  std::vector<Interval> footprint_;
-  c10::DeviceIndex device_;
-  std::vector<cudaStream_t>* replay_streams_;
 };
 
 bool samePool(const c10::cuda::MempoolId_t& a, const c10::cuda::MempoolId_t& b) {
@@ -199,7 +85,8 @@ at::HostAllocator* hostAllocator() {
 CudaBackend::CudaBackend(c10::Device device)
     : device_(device),
       pool_(at::cuda::graph_pool_handle()),
-      stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())) {
+      stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())),
+      limit_(device.index()) {
   c10::cuda::CUDAGuard guard(device_.index());
   // The tree holds one reference to its pool for its whole life, in both allocators. The host
   // allocator creates a pool's record at its first routing, with one reference, and every capture
@@ -224,14 +111,6 @@ CudaBackend::~CudaBackend() {
   } catch (const std::exception& e) {
     logMessage(LogLevel::kWarning, std::string("releasing the CUDA pool failed: ") + e.what());
   }
-}
-
-void CudaBackend::lockDevice() {
-  lockWithoutGil(deviceMutex(device_.index()));
-}
-
-void CudaBackend::unlockDevice() {
-  deviceMutex(device_.index()).unlock();
 }
 
 void CudaBackend::syncPoolStreams() {
@@ -284,7 +163,8 @@ void CudaBackend::releasePool() {
 // undone when a later one throws: a half-begun routing would route every later allocation of this
 // thread into the pool, keep the stream switched and leak the pool reference c10 took.
 void CudaBackend::beginAllocateToPool() {
-  lockDevice();  // Note [One allocation phase per device]; endAllocateToPool() unlocks
+  // Note [One allocation phase per device]; endAllocateToPool() unlocks.
+  DeviceLock::lock(device_.index());
   bool routed = false;
   try {
     c10::cuda::CUDAGuard guard(device_.index());
@@ -304,15 +184,15 @@ void CudaBackend::beginAllocateToPool() {
       throw;
     }
     routed = true;
-    applyLimit();  // Note [Memory budget] in Backend.h
+    limit_.apply(stats().reserved_bytes);  // Note [Memory budget] in Backend.h
   } catch (...) {
     if (routed) {
       std::string ignored;
-      collectError(&ignored, "", [&] { liftLimit(); });
+      collectError(&ignored, "", [&] { limit_.lift(); });
       collectError(&ignored, "", [&] { CCA::endAllocateToPool(device_.index(), pool_); });
       collectError(&ignored, "", [&] { CCA::releasePool(device_.index(), pool_); });
     }
-    unlockDevice();
+    DeviceLock::unlock(device_.index());
     throw;
   }
   routing_locks_++;
@@ -326,7 +206,7 @@ void CudaBackend::beginAllocateToPool() {
 void CudaBackend::endAllocateToPool() {
   std::string error;
   // Un-route first: nothing below may leave this thread routed into the pool.
-  collectError(&error, "setMemoryFraction", [&] { liftLimit(); });
+  collectError(&error, "setMemoryFraction", [&] { limit_.lift(); });
   if (saved_stream_) {
     c10::cuda::setCurrentCUDAStream(*saved_stream_);
     saved_stream_.reset();
@@ -346,7 +226,7 @@ void CudaBackend::endAllocateToPool() {
   routing_device_.reset();
   if (routing_locks_ > 0) {
     routing_locks_--;
-    unlockDevice();
+    DeviceLock::unlock(device_.index());
   }
   TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kEndAllocate),
               "graphtrees: injected failure after ending the routing into the CUDA pool");
@@ -363,15 +243,15 @@ void CudaBackend::endAllocateToPool() {
 //     pageable host-to-device copies, an unregistered generator): the capture stays valid.
 // The first is undone here and thrown as CaptureRejected; the second ends the capture normally
 // and rethrows the user's error, which the tree takes for a rejected capture too (Note [Errors
-// during a capture] in TreeManager.cpp). A function that changed the current stream or device
+// during a capture] in TreeManager.h). A function that changed the current stream or device
 // and left it changed is rejected as well: its later work ran outside the capture.
 // Undoing a capture: on torch 2.11 and 2.13 CUDAGraph::capture_end() throws *before* it ends the
 // allocator routing, and the graph's destructor releases the pool only after a capture that
 // ended. So abandonCapture() ends a stream capture that is still under way, takes the
-// generators out of capture mode (Note [Generators and captures]), destroys the graph, ends both
-// routings (an error saying they were already ended, as torch 2.14 does itself, is ignored),
-// brings the device pool's use count back to what it was before capture_begin(), and on torch <
-// 2.14 releases the host pool's reference.
+// generators out of capture mode (Note [Generators and captures] in CudaGraph.cpp), destroys the
+// graph, ends both routings (an error saying they were already ended, as torch 2.14 does itself, is
+// ignored), brings the device pool's use count back to what it was before capture_begin(), and on
+// torch < 2.14 releases the host pool's reference.
 void CudaBackend::abandonCapture(std::unique_ptr<TreeGraph> graph, int uses_before,
                                  bool host_routed) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -421,29 +301,14 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
   }
   const int uses_before = CCA::getPoolUseCount(device_.index(), pool_);
   auto graph = std::make_unique<TreeGraph>();
-  // Note [Generators and captures]: generator arguments on this device, registered before the
-  // capture begins.
-  for (const at::Generator& gen : generators) {
-    if (gen.defined() && gen.device().is_cuda() && gen.device().index() == device_.index()) {
-      graph->register_generator_state(generatorState(gen));
-    }
-  }
+  graph->registerGenerators(generators, device_.index());  // Note [Generators and captures]
   std::exception_ptr user_error;
   std::string rejected;
   {
     c10::cuda::CUDAStreamGuard stream_guard(stream_);
     // Note [Memory budget] in Backend.h: the cap holds while the capture allocates.
-    struct LimitScope {
-      CudaBackend* backend;
-      ~LimitScope() {
-        try {
-          backend->liftLimit();
-        } catch (const std::exception& e) {
-          logMessage(LogLevel::kWarning, std::string("restoring the memory fraction: ") + e.what());
-        }
-      }
-    } limit_scope{this};
-    applyLimit();
+    MemoryLimit::Scope limit_scope(limit_);
+    limit_.apply(stats().reserved_bytes);
     try {
       graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
     } catch (const c10::OutOfMemoryError&) {
@@ -472,9 +337,10 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     if (c10::cuda::current_device() != device_.index()) c10::cuda::set_device(device_.index());
     if (c10::cuda::getCurrentCUDAStream(device_.index()) != stream_) {
       if (!user_error) {
-        rejected = "the function changed the current CUDA stream and did not restore it, so its "
-                   "later work ran outside the capture (join side streams with wait_stream and "
-                   "restore the stream, e.g. with torch.cuda.stream(s): ...)";
+        rejected =
+            "the function changed the current CUDA stream and did not restore it, so its "
+            "later work ran outside the capture (join side streams with wait_stream and "
+            "restore the stream, e.g. with torch.cuda.stream(s): ...)";
       }
       c10::cuda::setCurrentCUDAStream(stream_);
     }
@@ -573,34 +439,7 @@ std::shared_ptr<Checkpoint> CudaBackend::checkpoint() {
 }
 
 void CudaBackend::setReservedLimit(int64_t bytes) {
-  limit_ = bytes;
-}
-
-// c10 has no per-pool cap, only a per-process fraction of the device that bounds the bytes all
-// pools reserve together. While this thread allocates into the pool, the fraction is lowered so
-// that the device's other reservations may stay and this pool may grow up to the cap; c10 then
-// fails the allocation with its out-of-memory error. Another thread allocating on the device in
-// that window is bounded too (README "Memory budget").
-void CudaBackend::applyLimit() {
-  if (limit_ < 0 || saved_fraction_) return;
-  const c10::DeviceIndex dev = device_.index();
-  size_t free_bytes = 0;
-  size_t total_bytes = 0;
-  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  const int64_t device_reserved = CCA::getDeviceStats(dev).reserved_bytes[agg].current;
-  const int64_t allowed = device_reserved - stats().reserved_bytes + limit_;
-  saved_fraction_ = CCA::getMemoryFraction(dev);
-  const double fraction = static_cast<double>(std::max<int64_t>(allowed, 0)) /
-                          static_cast<double>(std::max<size_t>(total_bytes, 1));
-  CCA::setMemoryFraction(std::min(fraction, *saved_fraction_), dev);
-}
-
-void CudaBackend::liftLimit() {
-  if (!saved_fraction_) return;
-  const double saved = *saved_fraction_;
-  saved_fraction_.reset();
-  CCA::setMemoryFraction(saved, device_.index());
+  limit_.setBytes(bytes);
 }
 
 int64_t CudaBackend::refusedBytes() const {

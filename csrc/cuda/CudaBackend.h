@@ -17,12 +17,13 @@
 //   checkpoint  getCheckpointState(); restore: setCheckpointPoolState() after the streams that
 //               touched the pool are synced
 // Everything except replay runs under the device's allocation lock (Note [One allocation phase
-// per device] in CudaBackend.cpp) and waits for streams, never for the whole device.
+// per device] in DeviceLock.h) and waits for streams, never for the whole device.
 // Compiles against torch 2.11 and 2.14: the calls above have the same spelling in both; what
 // differs (capture_end's clean-up, the generators' capture state) is gated on TORCH_VERSION_MINOR
 // or detected from the headers' declarations.
 
 #include "Backend.h"
+#include "cuda/MemoryLimit.h"
 
 #include <c10/core/Device.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -76,10 +77,6 @@ class CudaBackend final : public Backend {
   // The pool's segments and blocks, from the allocator's snapshot.
   std::vector<std::pair<Interval, std::vector<Block>>> poolLayout() const;
   void refreshSegments();
-  // Lower c10's memory fraction of the device so that the pool cannot grow past limit_ while this
-  // thread allocates into it; liftLimit() puts the previous fraction back.
-  void applyLimit();
-  void liftLimit();
   // Undoes a capture that failed after capture_begin(): ends a stream capture still under way,
   // takes the generators out of capture mode, un-routes both allocators and releases every pool
   // reference the capture took (`uses_before`: the pool's use count before it). `host_routed`:
@@ -89,8 +86,6 @@ class CudaBackend final : public Backend {
   // replay ran on: all the work that can touch the pool. Legal while another stream captures,
   // unlike a device synchronisation.
   void syncPoolStreams();
-  void lockDevice();
-  void unlockDevice();
 
   c10::Device device_;
   c10::cuda::MempoolId_t pool_;
@@ -100,8 +95,7 @@ class CudaBackend final : public Backend {
   std::optional<c10::cuda::CUDAStream> saved_stream_;  // during pool routing
   c10::cuda::OptionalCUDAGuard routing_device_;        // during pool routing
   std::vector<Interval> segments_;                     // cached for inPool()
-  int64_t limit_ = -1;                                 // graphtrees.set_memory_budget
-  std::optional<double> saved_fraction_;               // while the limit is applied
+  MemoryLimit limit_;                                  // graphtrees.set_memory_budget
   int routing_locks_ = 0;  // device locks held between begin- and endAllocateToPool
   // The streams replays ran on (noted by the graphs, which the backend outlives; calls of one
   // tree are serialised by its lock): syncPoolStreams() waits for them. A handful at most.

@@ -7,9 +7,10 @@ import os
 
 import pytest
 import torch
-from helpers import ROOT, assert_invariants, info
 
 import graphtrees
+
+from helpers import ROOT, assert_invariants, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.usefixtures("no_grad")
 def _example():
     """examples/diffusion_cfg.py, whose models and sampler this test checks more closely."""
     spec = importlib.util.spec_from_file_location(
-        "diffusion_cfg", os.path.join(ROOT, "examples", "diffusion_cfg.py"))
+        "diffusion_cfg", os.path.join(ROOT, "examples", "diffusion_cfg.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

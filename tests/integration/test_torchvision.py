@@ -2,9 +2,10 @@
 
 import pytest
 import torch
-from helpers import assert_invariants, info
 
 import graphtrees
+
+from helpers import assert_invariants, info
 
 torchvision = pytest.importorskip("torchvision")
 

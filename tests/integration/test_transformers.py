@@ -4,9 +4,10 @@ wrapped, tokens equal to eager generate()."""
 
 import pytest
 import torch
-from helpers import info
 
 import graphtrees
+
+from helpers import info
 
 transformers = pytest.importorskip("transformers")
 
@@ -16,8 +17,14 @@ pytestmark = pytest.mark.usefixtures("no_grad")
 def tiny_llama(device):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     return transformers.LlamaForCausalLM(cfg).to(device).eval()
 
 
@@ -37,18 +44,24 @@ def test_static_cache_decoding_matches_generate(device):
     model = tiny_llama(device)
     prompt = torch.randint(0, 128, (1, 8), device=device)
     new_tokens = 32
-    ref = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False,
-                         cache_implementation="static")
-    cache = transformers.StaticCache(config=model.config, max_cache_len=prompt.shape[1] + new_tokens)
+    ref = model.generate(
+        prompt, max_new_tokens=new_tokens, do_sample=False, cache_implementation="static"
+    )
+    cache = transformers.StaticCache(
+        config=model.config, max_cache_len=prompt.shape[1] + new_tokens
+    )
 
     import inspect
 
     # transformers >= 5.24 calls the cache argument `cache`; earlier releases `past_key_values`.
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache_arg = (
+        "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    )
 
     def step(ids, position):
-        return model(input_ids=ids, cache_position=position, use_cache=True,
-                     **{cache_arg: cache}).logits[:, -1]
+        return model(
+            input_ids=ids, cache_position=position, use_cache=True, **{cache_arg: cache}
+        ).logits[:, -1]
 
     prefill = graphtrees.cudagraphify(step, name="prefill")
     decode = graphtrees.cudagraphify(step, name="decode")

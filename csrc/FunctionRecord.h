@@ -1,0 +1,74 @@
+#pragma once
+
+// What a tree knows of a graphed function: its identity and options (FunctionRecord, owned by the
+// wrapper, one per call signature), its state in one tree (FunctionState, CallableState), and
+// what one call did (CallResult).
+
+#include "GraphOptions.h"
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace graphtrees {
+
+// Per wrapped callable (all its signatures), per tree: when it last ran, for Note [Ending a path].
+struct CallableState {
+  int64_t last_generation = -1;
+  int runs_in_generation = 0;
+};
+
+// Per function, per tree.
+struct FunctionState {
+  int warmups = 0;
+  int rerecords = 0;
+  // Note [Out of memory]: num_evictions of the tree when a warmup or recording of this function
+  // ran out of memory (-1: it did not); it tries again once an eviction happened since.
+  int64_t oom_at_evictions = -1;
+  std::string oom_reason;
+};
+
+// What a function is in a training step (see Note [Pending backward]).
+enum class FunctionMode : uint8_t { kInference, kForward, kBackward };
+
+// One function of the tree: a wrapped callable with one call signature. Owned by the wrapper;
+// a tree refers to it by id only, so a wrapper may die while its recordings stay in the tree.
+// Several trees (one per thread) may run it; what is per tree lives in the tree.
+struct FunctionRecord {
+  int64_t id = 0;
+  int64_t callable_id = 0;  // shared by every signature of one wrapped callable
+  FunctionMode mode = FunctionMode::kInference;
+  std::string name;
+  std::vector<uint8_t> is_static;  // per flat input
+  // The wrapper's options (warmup_iters, rerecord_limit, chain_limit, on_overwrite, ...); the
+  // wrapper outlives every call of its records.
+  const GraphOptions* options = nullptr;
+
+  // The torch.Generator objects among its arguments (part of its signature, by identity): a
+  // recording registers them with the graph, so that each replay draws fresh numbers from them.
+  std::vector<at::Generator> generators;
+
+  // Why the function runs eagerly from now on; empty while it is graphed.
+  std::string eager_reason;
+  int64_t replays = 0;  // over its life, in every tree: GraphedCallable's eviction policy
+
+  // The tree that ran it last (its serial) and this record's state there: a cache of the
+  // tree's own maps, so that a call costs no lookup when one thread runs the function.
+  struct TreeCache {
+    int64_t tree = -1;
+    FunctionState* state = nullptr;
+    CallableState* callable = nullptr;
+  } cache;
+};
+
+enum class RunKind { kEager, kWarmup, kRecord, kReplay };
+
+struct CallResult {
+  std::vector<at::Tensor> outputs;
+  RunKind kind = RunKind::kEager;
+};
+
+}  // namespace graphtrees

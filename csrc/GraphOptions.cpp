@@ -1,0 +1,102 @@
+#include "GraphOptions.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace graphtrees {
+
+namespace {
+// An int option (not a bool) with a lower bound, or ValueError naming `who` and the option.
+int64_t intOption(const std::string& who, const char* name, const py::handle& value, int64_t min) {
+  const bool ok =
+      PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr()) && value.cast<int64_t>() >= min;
+  TORCH_CHECK_VALUE(ok, who, ": ", name, " must be an int >= ", min, ", got ",
+                    py::repr(value).cast<std::string>());
+  return value.cast<int64_t>();
+}
+}  // namespace
+
+const std::vector<std::string>& graphOptionNames() {
+  static const std::vector<std::string> names = {
+      "static_argnums",      "warmup_iters", "rerecord_limit", "on_overwrite",
+      "max_recorded_shapes", "chain_limit",  "buckets",        "bucket_dim"};
+  return names;
+}
+
+GraphOptions validateOptions(const std::string& who, const py::dict& options,
+                             int64_t min_recorded_shapes) {
+  const auto& known_names = graphOptionNames();
+  for (auto item : options) {
+    const std::string key = py::str(item.first).cast<std::string>();
+    const bool known = std::find(known_names.begin(), known_names.end(), key) != known_names.end();
+    TORCH_CHECK_TYPE(known, who, ": unexpected option '", key, "'");
+  }
+  auto get = [&](const char* name, py::object fallback) -> py::object {
+    return options.contains(name) ? py::reinterpret_borrow<py::object>(options[name]) : fallback;
+  };
+  GraphOptions o;
+  const py::object static_argnums = get("static_argnums", py::tuple());
+  std::vector<py::handle> positions;
+  if (PyLong_Check(static_argnums.ptr())) {
+    positions.push_back(static_argnums);
+  } else {
+    for (py::handle h : static_argnums) positions.push_back(h);
+  }
+  for (py::handle h : positions) {
+    const bool ok = PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && h.cast<int64_t>() >= 0;
+    TORCH_CHECK_VALUE(ok, who,
+                      ": static_argnums must be non-negative ints (positions of positional "
+                      "arguments), got ",
+                      py::repr(h).cast<std::string>());
+    o.static_argnums.push_back(h.cast<int64_t>());
+  }
+  o.warmup_iters =
+      static_cast<int>(intOption(who, "warmup_iters", get("warmup_iters", py::int_(1)), 1));
+  o.rerecord_limit =
+      static_cast<int>(intOption(who, "rerecord_limit", get("rerecord_limit", py::int_(8)), 0));
+  o.max_recorded_shapes = static_cast<int>(intOption(
+      who, "max_recorded_shapes", get("max_recorded_shapes", py::int_(0)), min_recorded_shapes));
+  o.chain_limit =
+      static_cast<int>(intOption(who, "chain_limit", get("chain_limit", py::int_(16)), 1));
+  const py::object policy = get("on_overwrite", py::str("raise"));
+  const bool is_str = py::isinstance<py::str>(policy);
+  const std::string p = is_str ? policy.cast<std::string>() : "";
+  TORCH_CHECK_VALUE(p == "raise" || p == "copy", who,
+                    ": on_overwrite must be 'raise' or 'copy', got ",
+                    py::repr(policy).cast<std::string>());
+  o.on_overwrite = p == "copy" ? OnOverwrite::kCopy : OnOverwrite::kRaise;
+  const py::object buckets = get("buckets", py::none());
+  if (!buckets.is_none()) {
+    bool ok = py::isinstance<py::iterable>(buckets) && !py::isinstance<py::str>(buckets);
+    if (ok) {
+      for (py::handle h : buckets) {
+        ok = ok && PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()) && h.cast<int64_t>() >= 1;
+        if (ok) o.buckets.push_back(h.cast<int64_t>());
+      }
+    }
+    TORCH_CHECK_VALUE(ok && !o.buckets.empty(), who,
+                      ": buckets must be a non-empty sequence of ints >= 1, got ",
+                      py::repr(buckets).cast<std::string>());
+    std::sort(o.buckets.begin(), o.buckets.end());
+    o.buckets.erase(std::unique(o.buckets.begin(), o.buckets.end()), o.buckets.end());
+  }
+  o.bucket_dim = intOption(who, "bucket_dim", get("bucket_dim", py::int_(0)), 0);
+  return o;
+}
+
+py::dict toDict(const GraphOptions& o) {
+  py::dict d;
+  d["static_argnums"] = py::tuple(py::cast(o.static_argnums));
+  d["warmup_iters"] = o.warmup_iters;
+  d["rerecord_limit"] = o.rerecord_limit;
+  d["on_overwrite"] = o.on_overwrite == OnOverwrite::kCopy ? "copy" : "raise";
+  d["max_recorded_shapes"] = o.max_recorded_shapes;
+  d["chain_limit"] = o.chain_limit;
+  d["buckets"] =
+      o.buckets.empty() ? py::object(py::none()) : py::object(py::tuple(py::cast(o.buckets)));
+  d["bucket_dim"] = o.bucket_dim;
+  return d;
+}
+
+}  // namespace graphtrees

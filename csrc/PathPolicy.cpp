@@ -1,0 +1,102 @@
+#include "PathPolicy.h"
+
+#include "Logging.h"
+
+#include <algorithm>
+
+namespace graphtrees {
+
+namespace {
+
+// While a backward is pending, how often one callable may run on fresh inputs in one step (e.g.
+// micro-batches before their backward) before a new step is forced.
+constexpr int kMaxPendingRuns = 64;
+
+}  // namespace
+
+std::optional<std::string> PathPolicy::stepBegan() {
+  const int64_t step = steps_->load();
+  if (C10_LIKELY(step == seen_step_)) return std::nullopt;
+  seen_step_ = step;
+  return std::string("graphtrees.mark_step_begin() was called");
+}
+
+// Note [Ending a path]
+// A path ends when a new step begins (mark_step_begin(), or a function that already ran in this
+// generation is called again on inputs that do not come from this generation), or when every
+// output of the path is dead. Outputs of the ending generation that own pool blocks (outputs of
+// warmups and recordings, and outputs that a restore gave ownership) are freed then, so that the
+// next step can reuse their memory, and invalidated: as in PyTorch's trees, the previous step's
+// pool outputs are the next step's scratch memory. The current call's own inputs are spared.
+// Replayed outputs own nothing; they stay valid until a later replay or restore really reuses
+// their memory (TreeManager::replay() and PoolBookkeeping). A function called again on an output
+// of its own step extends the path (an unrolled loop); after chain_limit runs the path restarts
+// instead, so that a feedback loop `h = f(h)` reuses a bounded chain of recordings rather than
+// recording forever.
+//
+// Note [Pending backward]
+// In training, a forward function's outputs include the activations its backward will read. While
+// a forward has run and its backward has not, no new generation starts on its own (a new step
+// would free those activations): calling the forward again extends the path, which is how several
+// micro-batches' forwards run before their backwards. A backward clears the state.
+// mark_step_begin() still starts a new step. A forward whose backward never runs (evaluation
+// under grad mode, say) extends the path at most kMaxPendingRuns times; then a warning says
+// what to do and a new step starts anyway.
+std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
+                                                   bool consumes_generation_output) {
+  const CallableState& callable = *fn.cache.callable;
+  if (callable.last_generation != generation_) return std::nullopt;
+  const bool fresh = !consumes_generation_output;
+  const std::string again = "'" + fn.name + "' was called again";
+  if (pending_forwards_ > 0) {
+    if (!fresh || callable.runs_in_generation < kMaxPendingRuns) return std::nullopt;
+    if (warned_.insert("pending\n" + fn.name).second) {
+      logMessage(LogLevel::kWarning,
+                 "'" + fn.name + "' ran " + std::to_string(callable.runs_in_generation) +
+                     " times in one step while a forward's backward was pending; starting a new "
+                     "step anyway, which frees the pending forwards' activations. Call "
+                     "backward() before running forwards that many times, run evaluation under "
+                     "torch.no_grad(), or call graphtrees.mark_step_begin() at the start of each "
+                     "step.");
+    }
+    return again;
+  }
+  if (fresh) return again;
+  const int limit = fn.options->chain_limit;
+  if (callable.runs_in_generation < limit) return std::nullopt;
+  if (warned_.insert("chain\n" + fn.name).second) {
+    logMessage(
+        LogLevel::kInfo,
+        "'" + fn.name + "' ran " + std::to_string(callable.runs_in_generation) +
+            " times in one step on outputs of that step (chain_limit=" + std::to_string(limit) +
+            "); starting a new step, which releases that step's outputs (raise "
+            "chain_limit, or use on_overwrite='copy' to keep them valid)");
+  }
+  return again + " on an output of its own step more than chain_limit=" + std::to_string(limit) +
+         " times (raise chain_limit, or keep the outputs with on_overwrite='copy' or .clone())";
+}
+
+void PathPolicy::noteRun(const FunctionRecord& fn) {
+  CallableState& c = *fn.cache.callable;
+  if (c.last_generation != generation_) {
+    c.last_generation = generation_;
+    c.runs_in_generation = 0;
+  }
+  c.runs_in_generation++;
+}
+
+void PathPolicy::noteFinished(const FunctionRecord& fn, RunKind kind) {
+  // A forward that ran eagerly saved nothing in the pool: no backward waits on this path.
+  if (fn.mode == FunctionMode::kForward && kind != RunKind::kEager) {
+    pending_forwards_++;
+  } else if (fn.mode == FunctionMode::kBackward) {
+    pending_forwards_ = std::max<int64_t>(0, pending_forwards_ - 1);
+  }
+}
+
+void PathPolicy::pathEnded() {
+  pending_forwards_ = 0;
+  generation_++;
+}
+
+}  // namespace graphtrees

@@ -1,0 +1,57 @@
+#pragma once
+
+// When a tree's current path ends: steps (mark_step_begin), generations, forwards waiting for
+// their backward, and the chain limit of a function fed its own outputs. The tree manager asks
+// before each call and tells it what ran; ending the path (invalidating the step's outputs) stays
+// the tree's. Notes [Ending a path] and [Pending backward].
+
+#include "FunctionRecord.h"
+#include "ThreadState.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace graphtrees {
+
+class PathPolicy {
+ public:
+  // `steps`: the owning thread's step counter (Note [Steps, generations and threads]).
+  explicit PathPolicy(StepCounter steps) : steps_(std::move(steps)), seen_step_(steps_->load()) {}
+
+  const StepCounter& steps() const { return steps_; }
+  // The index of the current path; outputs carry the generation they were made in.
+  int64_t generation() const { return generation_; }
+  bool pendingBackward() const { return pending_forwards_ > 0; }
+  // This tree's state of callable `callable_id` (entries are never erased).
+  CallableState& callableState(int64_t callable_id) { return callables_[callable_id]; }
+
+  // Why the path ends before this call because the thread began a new step since the last call,
+  // if it did.
+  std::optional<std::string> stepBegan();
+  // Why the path ends before this call of `fn`, which already ran in this generation, if it must
+  // (Note [Ending a path]): it is called on fresh inputs, or it reached its chain_limit, or a
+  // forward ran too often while its backward was pending. `consumes_generation_output`: an input
+  // is an output of this generation.
+  std::optional<std::string> calledAgain(const FunctionRecord& fn, bool consumes_generation_output);
+
+  // `fn` ran in the current generation (warmup, recording or replay).
+  void noteRun(const FunctionRecord& fn);
+  // A call of `fn` finished as `kind` (Note [Pending backward]).
+  void noteFinished(const FunctionRecord& fn, RunKind kind);
+  // The tree ended its path: a new generation begins.
+  void pathEnded();
+
+ private:
+  const StepCounter steps_;
+  int64_t seen_step_;
+  int64_t generation_ = 0;
+  // A forward ran and its backward has not run yet: no new generation starts on its own.
+  int64_t pending_forwards_ = 0;
+  std::unordered_map<int64_t, CallableState> callables_;  // by callable id; never erased
+  std::unordered_set<std::string> warned_;                // once-logged warnings
+};
+
+}  // namespace graphtrees

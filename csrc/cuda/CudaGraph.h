@@ -1,0 +1,50 @@
+#pragma once
+
+// A graph the CUDA backend recorded: at::cuda::CUDAGraph with the generators it must advance
+// (TreeGraph), behind the backend interface's Graph (CudaGraph).
+
+#include "Backend.h"
+
+#include <ATen/core/Generator.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+namespace graphtrees {
+
+// at::cuda::CUDAGraph, with what graphtrees needs of its protected state (Note [Generators and
+// captures] in CudaGraph.cpp).
+struct TreeGraph : at::cuda::CUDAGraph {
+  // Registers the generators among `generators` that live on `device`; before capture_begin().
+  void registerGenerators(const std::vector<at::Generator>& generators, c10::DeviceIndex device);
+  // Takes the generators this graph registered out of capture mode, after a failed capture.
+  void leaveGeneratorCaptures();
+};
+
+class CudaGraph final : public Graph {
+ public:
+  // `replay_streams`: the backend's list of the streams replays ran on, which it outlives.
+  CudaGraph(std::unique_ptr<TreeGraph> graph, std::vector<Interval> footprint,
+            c10::DeviceIndex device, std::vector<cudaStream_t>* replay_streams)
+      : graph_(std::move(graph)),
+        footprint_(std::move(footprint)),
+        device_(device),
+        replay_streams_(replay_streams) {}
+
+  // The addresses are baked into the graph: no Python runs, inputs are already in place. On the
+  // caller's current stream of the graph's device.
+  void replay(const RunFn& run, const std::vector<at::Tensor>& inputs,
+              const std::vector<int64_t>& copied,
+              const std::vector<at::Tensor>& placeholders) override;
+  const std::vector<Interval>& footprint() const override { return footprint_; }
+
+ private:
+  std::unique_ptr<TreeGraph> graph_;
+  std::vector<Interval> footprint_;
+  c10::DeviceIndex device_;
+  std::vector<cudaStream_t>* replay_streams_;
+};
+
+}  // namespace graphtrees

@@ -1,0 +1,243 @@
+"""The checks of a dynamo graph before graphtrees records it: why a graph cannot be recorded
+(``skip_reason``: data-dependent ops, host reads, CPU ops in a CUDA graph, mutation of eager
+inputs) and FSDP2's unsharded parameters (``fsdp2_reason``, Note [FSDP2 parameters]). Where
+PyTorch has a twin, graphtrees uses it when it is importable and adds what graphtrees checks
+beyond it:
+
+* ``_pytorch_incompatible_node``: ``torch._inductor.utils.get_first_incompatible_cudagraph_node``
+  (what PyTorch's own trees refuse to record);
+* ``_pytorch_mutated_inputs``: ``torch._dynamo.backends.cudagraphs.find_input_mutations``;
+* ``fsdp2_reason`` has no twin: PyTorch's trees re-record such graphs at every step.
+"""
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+# Ops whose output shape or value depends on tensor data: a recorded graph cannot reproduce them.
+_DATA_DEPENDENT_OPS = {
+    "aten._local_scalar_dense",
+    "aten.item",
+    "aten.nonzero",
+    "aten.nonzero_static",
+    "aten.masked_select",
+    "aten.unique",
+    "aten._unique",
+    "aten._unique2",
+    "aten.unique_dim",
+    "aten.unique_consecutive",
+    "aten.repeat_interleave",
+    # PyTorch's own forbidden list has these too (used as well where importable, see
+    # _pytorch_incompatible_node); kept here for torch versions without it.
+    "aten._assert_scalar",
+    "aten._linalg_eigh",
+    "run_and_save_rng_state",
+    "run_with_rng_state",
+}
+
+
+def _pytorch_incompatible_node(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The first node PyTorch's own trees refuse to record (forbidden ops, the cudagraph_unsafe
+    tag, input-dependent cases such as index_put with boolean indices, sparse outputs,
+    data-dependent shapes), where this torch provides the check."""
+    try:
+        from torch._inductor.utils import get_first_incompatible_cudagraph_node
+    except ImportError:  # pragma: no cover - older torch
+        return None
+    try:
+        return get_first_incompatible_cudagraph_node(gm)
+    except Exception:  # noqa: BLE001 - a check of ours must not break compilation
+        return None
+
+
+def _pytorch_mutated_inputs(gm: torch.fx.GraphModule) -> set:
+    """Input indices PyTorch's cudagraphs backend finds mutated, where importable."""
+    try:
+        from torch._dynamo.backends.cudagraphs import find_input_mutations
+    except ImportError:  # pragma: no cover - older torch
+        return set()
+    try:
+        return set(find_input_mutations(gm.graph))
+    except Exception:  # noqa: BLE001
+        return set()
+
+
+# Note [FSDP2 parameters]
+# FSDP2 (torch.distributed.fsdp.fully_shard) runs its hooks outside dynamo (they are wrapped in
+# torch._dynamo.disable), so a compiled FSDP2 model is split into one dynamo graph per FSDP unit,
+# with the all-gathers and reduce-scatters running eagerly between them. Inside such a graph the
+# unit's parameters are the unsharded parameters, whose storage FSDP2 frees after use
+# (storage.resize_(0)) and allocates again at the next all-gather: their address changes from step
+# to step. A recording reads its static inputs in place, so it would be re-recorded at every step
+# (PyTorch's own trees do that, pytorch/pytorch#183451) and, on the CPU backend, never replayed.
+# Such a graph therefore runs eagerly from the start, forward and backward, with this reason
+# logged; the graphs between FSDP units that read no FSDP2 parameter are still recorded.
+def _fsdp2_unsharded_storages() -> set:
+    """Storages of the unsharded parameters of every FSDP2 module alive in this process (empty
+    when FSDP2 is not in use, or its private state is laid out differently)."""
+    import sys
+
+    if "torch.distributed.fsdp" not in sys.modules:  # nothing can be sharded without it
+        return set()
+    try:
+        from torch.distributed._composable_state import _module_state_mapping
+        from torch.distributed.fsdp import FSDPModule
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        storages = set()
+        for module, state_ref in list(_module_state_mapping.items()):
+            state = state_ref() if isinstance(module, FSDPModule) else None
+            if state is None:
+                continue
+            groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.13
+            if groups is None:  # torch 2.11
+                group = getattr(state, "_fsdp_param_group", None)
+                groups = [group] if group is not None else []
+            for group in groups:
+                for fsdp_param in getattr(group, "fsdp_params", ()):
+                    p = fsdp_param.__dict__.get("_unsharded_param")  # set at the 1st all-gather
+                    if isinstance(p, torch.Tensor):
+                        storages.add(StorageWeakRef(p.untyped_storage()))
+        return storages
+    except Exception:  # noqa: BLE001 - a check of ours must not break compilation
+        return set()
+
+
+def _input_name(node: torch.fx.Node) -> str:
+    """The user-level name of a dynamo graph input (L['self']._modules['lin']._parameters['weight'],
+    say), if known."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    if callable(name):  # a method in some torch versions, a property in others
+        try:
+            name = name()
+        except Exception:  # noqa: BLE001
+            name = None
+    return name if isinstance(name, str) and name else node.name
+
+
+def fsdp2_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """Why the dynamo graph `gm` cannot be recorded because FSDP2 manages some of its inputs
+    (Note [FSDP2 parameters]), or None."""
+    storages = _fsdp2_unsharded_storages()
+    if not storages:
+        return None
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = []
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, torch.Tensor) or t.is_meta:
+            continue
+        try:
+            managed = StorageWeakRef(t.untyped_storage()) in storages
+        except (NotImplementedError, RuntimeError):  # tensors without storage
+            managed = False
+        if managed:
+            found.append(_input_name(placeholders[i]) if i < len(placeholders) else f"#{i}")
+    if not found:
+        return None
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (
+        f"it reads parameters that FSDP2 (fully_shard) unshards ({shown}); FSDP2 frees them "
+        "after use and allocates them again at the next all-gather, so their addresses change "
+        "every step and a recording could never be replayed"
+    )
+
+
+def _where(node: torch.fx.Node) -> str:
+    """' at file:line (code)' for the user source line that produced `node`, if known."""
+    trace = node.meta.get("stack_trace") or ""
+    matches = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace)
+    if not matches:
+        return ""
+    path, line, code = matches[-1]
+    return f" at {path}:{line} ({code.strip()})"
+
+
+def _tensor_vals(val: Any) -> list[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _has_unbacked(val: Any) -> bool:
+    try:
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    except ImportError:  # pragma: no cover - very old torch
+        return False
+    return any(free_unbacked_symbols(t) for t in _tensor_vals(val))
+
+
+def _mutated_inputs(gm: torch.fx.GraphModule) -> dict[int, torch.fx.Node]:
+    """Flat input index -> the node that writes to that input's storage."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storages: dict[Any, int] = {}
+    mutated: dict[int, torch.fx.Node] = {}
+    index = 0
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                storages.setdefault(StorageWeakRef(val.untyped_storage()), index)
+            index += 1
+            continue
+        schema = getattr(n.target, "_schema", None)
+        if n.op != "call_function" or schema is None:
+            continue
+        for i, arg in enumerate(schema.arguments):
+            if not (arg.alias_info and arg.alias_info.is_write):
+                continue
+            value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+            if isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), torch.Tensor):
+                ref = StorageWeakRef(value.meta["val"].untyped_storage())
+                if ref in storages:
+                    mutated.setdefault(storages[ref], n)
+    return mutated
+
+
+def skip_reason(gm: torch.fx.GraphModule, static_idxs: Sequence[int]) -> str | None:
+    """Why `gm` cannot be recorded as a graph, or None."""
+    devices = {
+        t.device.type
+        for n in gm.graph.nodes
+        if n.op == "placeholder"
+        for t in _tensor_vals(n.meta.get("val"))
+    }
+    unsafe_tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        name = str(getattr(n.target, "_overloadpacket", n.target))
+        tags = getattr(n.target, "tags", ())
+        if (
+            name in _DATA_DEPENDENT_OPS
+            or str(n.target) in _DATA_DEPENDENT_OPS
+            or (unsafe_tag is not None and unsafe_tag in tags)
+        ):
+            return f"incompatible op {name}{_where(n)}"
+        if _has_unbacked(n.meta.get("val")):
+            return f"data-dependent shape from {name}{_where(n)}"
+        if "cuda" in devices and any(
+            t.device.type == "cpu" and t.dim() > 0 for t in _tensor_vals(n.meta.get("val"))
+        ):
+            return f"CPU op {name} inside a CUDA graph{_where(n)}"
+    unsafe = _pytorch_incompatible_node(gm)
+    if unsafe is not None:
+        name = str(getattr(unsafe.target, "_overloadpacket", unsafe.target))
+        if _has_unbacked(unsafe.meta.get("val")):
+            return f"data-dependent shape from {name}{_where(unsafe)}"
+        return f"incompatible op {name}{_where(unsafe)}"
+    static = set(static_idxs)
+    ours = _mutated_inputs(gm)
+    for idx in sorted(set(ours) | _pytorch_mutated_inputs(gm)):
+        if idx not in static:
+            node = ours.get(idx)
+            by = f" by {node.target}{_where(node)}" if node is not None else ""
+            return f"mutation of eager input #{idx}{by}"
+    return None

@@ -1,0 +1,221 @@
+"""Everything ``import graphtrees`` does to the process, in one place (installed by ``_ext`` once
+the compiled core has loaded; ``install`` takes that module):
+
+* graphtrees' C++ core logs through the ``graphtrees`` logger (``logging.getLogger("graphtrees")``).
+* ``torch.cuda.is_current_stream_capturing()`` also answers True while graphtrees records a graph
+  on the calling thread, on every backend, so library code takes its capture-safe path on the
+  CPU emulation too. It is the one torch function graphtrees replaces, for good.
+* ``torch.compiler.cudagraph_mark_step_begin()`` (and ``torch._inductor.cudagraph_trees.
+  mark_step_begin`` where that module is loaded) also marks a graphtrees step.
+* While a graph is being recorded on some thread, ``torch.Tensor.tolist`` is wrapped (a host read
+  that ATen does not dispatch is watched) and Python's garbage collector is paused on the
+  recording thread; both are undone when the recording ends.
+* Three ``torch.nn.Module`` registration hooks (parameters, buffers, submodules) tell wrapped
+  modules to re-read their tensors.
+* At exit, every tree is freed (``graphtrees.reset()``) and the hooks are removed.
+
+Nothing else changes: no other torch function is patched and no global state of torch is set.
+"""
+
+import logging
+import threading
+
+_C = None  # the compiled core, set by install()
+
+_logger = logging.getLogger("graphtrees")
+_tolist_lock = threading.Lock()
+
+
+def _emit(level: int, message: str) -> None:
+    if _logger.isEnabledFor(level):
+        _logger.log(level, message)
+
+
+def _collect_garbage() -> None:
+    import gc
+
+    gc.collect()
+
+
+_capture_tls = threading.local()
+_original_tolist = None
+_active_scopes = 0
+
+
+def _watched_tolist(self, *args, **kwargs):
+    if getattr(_capture_tls, "depth", 0) > 0:
+        _C._note_host_sync("Tensor.tolist() (reads the tensor's values on the host)")
+    return _original_tolist(self, *args, **kwargs)
+
+
+def _capture_scope():
+    """Entered around every capture (see Note [Rejected captures] in csrc/CpuBackend.cpp): the
+    garbage collector is paused, so that no finalizer frees pool memory mid-capture, and
+    Tensor.tolist() -- a host read that ATen does not dispatch -- is watched on this thread.
+    Returns the function that leaves the scope."""
+    import gc
+
+    import torch
+
+    global _original_tolist, _active_scopes
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    _capture_tls.depth = getattr(_capture_tls, "depth", 0) + 1
+    with _tolist_lock:
+        # torch.Tensor.tolist is replaced only while some thread captures.
+        if _active_scopes == 0 and "tolist" not in torch.Tensor.__dict__:
+            _original_tolist = torch.Tensor.tolist
+            torch.Tensor.tolist = _watched_tolist
+        _active_scopes += 1
+
+    def leave():
+        global _active_scopes
+        _capture_tls.depth -= 1
+        with _tolist_lock:
+            _active_scopes -= 1
+            if _active_scopes == 0 and torch.Tensor.__dict__.get("tolist") is _watched_tolist:
+                del torch.Tensor.tolist
+        if gc_was_enabled:
+            gc.enable()
+
+    return leave
+
+
+def _follow_pytorch_mark_step() -> None:
+    """Makes torch.compiler.cudagraph_mark_step_begin() mark a step for graphtrees too."""
+    import functools
+    import sys
+
+    import torch.compiler
+
+    def chained(original):
+        @functools.wraps(original)
+        def mark_step_begin(*args, **kwargs):
+            result = original(*args, **kwargs)
+            _C.mark_step_begin()
+            return result
+
+        mark_step_begin._graphtrees = True
+        return mark_step_begin
+
+    # torch.compiler's function calls torch._inductor.cudagraph_trees.mark_step_begin(): where
+    # that module is loaded already, chaining it also covers references taken before this import.
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is not None and not getattr(trees.mark_step_begin, "_graphtrees", False):
+        trees.mark_step_begin = chained(trees.mark_step_begin)
+    elif not getattr(torch.compiler.cudagraph_mark_step_begin, "_graphtrees", False):
+        torch.compiler.cudagraph_mark_step_begin = chained(torch.compiler.cudagraph_mark_step_begin)
+
+
+def _pytree_flatten_node(obj):
+    """One level of a container that is not a plain tuple, list, dict or namedtuple: a type
+    registered with torch.utils._pytree (transformers' ModelOutput, OrderedDict, ...) or a
+    dataclass. Returns (children, context), or None for anything else."""
+    import dataclasses
+
+    from torch.utils import _pytree
+
+    node = _pytree.SUPPORTED_NODES.get(type(obj))
+    if node is not None:
+        children, context = node.flatten_fn(obj)
+        return list(children), context
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = tuple(f.name for f in dataclasses.fields(obj) if f.init)
+        return [getattr(obj, n) for n in names], names
+    return None
+
+
+def _pytree_unflatten_node(typ, context, children):
+    from torch.utils import _pytree
+
+    node = _pytree.SUPPORTED_NODES.get(typ)
+    if node is not None:
+        return node.unflatten_fn(children, context)
+    return typ(**dict(zip(context, children)))
+
+
+def _answer_stream_capturing() -> None:
+    """torch.cuda.is_current_stream_capturing() is True while graphtrees records a graph on this
+    thread, on every backend (and while the CPU emulation replays one, which re-runs the recorded
+    Python): code that avoids host syncs during a CUDA capture then takes the same path on CPU."""
+    import functools
+
+    import torch.cuda
+
+    original = torch.cuda.is_current_stream_capturing
+    if getattr(original, "_graphtrees", False):
+        return
+
+    @functools.wraps(original)
+    def is_current_stream_capturing(*args, **kwargs):
+        if _C._recording_graph():
+            return True
+        # No capture can be under way before CUDA is initialised; asking would initialise it (and
+        # raise where a CUDA build of torch runs without a usable driver).
+        return torch.cuda.is_initialized() and original(*args, **kwargs)
+
+    is_current_stream_capturing._graphtrees = True
+    torch.cuda.is_current_stream_capturing = is_current_stream_capturing
+
+
+def _find_tensors_in_blocks(addresses):
+    """One live tensor per storage that starts at one of `addresses` (pool blocks that a warmup
+    left allocated; see Note [Kept state] in csrc/PoolBookkeeping.cpp). Only plain tensors and
+    parameters can hold such state: tensor subclasses (FakeTensor, functional tensors, DTensor)
+    are skipped, without asking them for a data pointer (which warns for a FakeTensor)."""
+    import gc
+
+    import torch
+
+    wanted = set(addresses)
+    found = {}
+    plain = (torch.Tensor, torch.nn.Parameter)
+    for obj in gc.get_objects():
+        cls = type(obj)
+        if cls not in plain and not issubclass(cls, torch.nn.Parameter):
+            continue
+        if not obj.is_meta and obj.layout == torch.strided:
+            try:
+                ptr = obj.untyped_storage().data_ptr()
+            except (RuntimeError, NotImplementedError):  # no storage, or an invalidated one
+                continue
+            if ptr in wanted and ptr not in found:
+                found[ptr] = obj
+    return list(found.values())
+
+
+def _on_module_change(*args):
+    _C._bump_module_epoch()
+    return None
+
+
+def install(C) -> None:
+    import atexit
+
+    import torch.nn.modules.module as module
+
+    global _C
+    _C = C
+    _C._set_log_sink(_emit)
+    _C._set_collect_garbage_hook(_collect_garbage)
+    _C._set_capture_scope_hook(_capture_scope)
+    _C._set_pytree_hooks(_pytree_flatten_node, _pytree_unflatten_node)
+    _C._set_find_storages_hook(_find_tensors_in_blocks)
+    _follow_pytorch_mark_step()
+    _answer_stream_capturing()
+    module.register_module_parameter_registration_hook(_on_module_change)
+    module.register_module_buffer_registration_hook(_on_module_change)
+    module.register_module_module_registration_hook(_on_module_change)
+
+    def _shutdown():
+        try:
+            _C.reset()
+        except Exception as e:  # noqa: BLE001 - an exit must not fail on a device error
+            _logger.warning("graphtrees: freeing the trees at exit: %s", e)
+        _C._set_log_sink(None)
+        _C._set_collect_garbage_hook(None)
+        _C._set_capture_scope_hook(None)
+        _C._set_pytree_hooks(None, None)
+        _C._set_find_storages_hook(None)
+
+    atexit.register(_shutdown)
