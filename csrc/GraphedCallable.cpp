@@ -15,11 +15,21 @@
 
 namespace graphtrees {
 
-std::atomic<uint64_t> GraphedCallable::module_epoch_counter_{1};
-
 namespace {
 
 std::atomic<int64_t> next_function_id{1};
+
+PyObject*& moduleEpochSource() {
+  static PyObject* source = nullptr;  // a strong reference, kept for the life of the process
+  return source;
+}
+
+// The registrations counted so far, or -1 (re-read every call) before the Python layer set it.
+int64_t moduleEpoch() {
+  PyObject* source = moduleEpochSource();
+  if (source == nullptr) return -1;
+  return PyLong_AsLongLong(PyList_GET_ITEM(source, 0));
+}
 constexpr size_t kSignatureWarnLimit = 8;
 
 // torch.OutOfMemoryError (what c10::OutOfMemoryError becomes in Python).
@@ -64,9 +74,18 @@ GraphedCallable::GraphedCallable(py::object fn, const GraphOptions& options, py:
   unsupported_.options = &options_;
 }
 
+void GraphedCallable::setModuleEpochSource(py::object counter) {
+  TORCH_CHECK_TYPE(PyList_CheckExact(counter.ptr()) && PyList_GET_SIZE(counter.ptr()) == 1,
+                   "graphtrees: the module epoch is a list of one int");
+  PyObject*& source = moduleEpochSource();
+  Py_XDECREF(source);
+  source = counter.release().ptr();
+}
+
 void GraphedCallable::refreshModuleTensors() {
-  const uint64_t e = module_epoch_counter_.load();
-  if (module_.is_none() || e == module_epoch_) return;
+  if (module_.is_none()) return;
+  const int64_t e = moduleEpoch();
+  if (e == module_epoch_ && e >= 0) return;
   // Built aside and swapped in: another thread may run while parameters() runs Python.
   std::vector<at::Tensor> tensors;
   for (py::handle p : module_.attr("parameters")()) tensors.push_back(p.cast<at::Tensor>());

@@ -38,9 +38,10 @@ class GraphedCallable {
   py::list signatures() const;
   const std::string& name() const { return name_; }
 
-  // Bumped whenever any module registers a parameter, buffer or submodule (Python hooks), so that
-  // wrapped modules re-read their parameters only then.
-  static void bumpModuleEpoch() { module_epoch_counter_++; }
+  // `counter`: a Python list whose item 0 counts the parameters, buffers and submodules any module
+  // registered (graphtrees/_hooks.py; plain Python, so that dynamo traces the hooks with no graph
+  // break); wrapped modules re-read their tensors only when it changed.
+  static void setModuleEpochSource(py::object counter);
 
  private:
   // `flat`: the arguments already flattened (without module tensors), or nullptr.
@@ -68,9 +69,7 @@ class GraphedCallable {
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists
   std::unordered_set<std::string> logged_reasons_;  // fallbacks with no tree to count them
   std::vector<at::Tensor> module_tensors_;
-  uint64_t module_epoch_ = 0;
-
-  static std::atomic<uint64_t> module_epoch_counter_;
+  int64_t module_epoch_ = -1;
 };
 
 }  // namespace graphtrees

@@ -282,7 +282,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   GRAPHTREES_TREE_COUNTERS(GRAPHTREES_COUNTER_DOC)
 #undef GRAPHTREES_COUNTER_DOC
   m.attr("tree_counters") = counters;
-  m.def("_bump_module_epoch", &GraphedCallable::bumpModuleEpoch);
+  m.def("_set_module_epoch_source", &GraphedCallable::setModuleEpochSource, py::arg("counter"));
   m.def("_set_log_sink", &setLogSinkFromPython);
   m.def("_set_collect_garbage_hook", &setCollectGarbageHookFromPython);
   m.def("_set_capture_scope_hook", &setCaptureScopeHookFromPython);

@@ -21,6 +21,7 @@ The backend is registered through the ``torch_dynamo_backends`` entry point, so
 import dataclasses
 import functools
 import itertools
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -148,13 +149,39 @@ _GRAPH_OPTIONS = (
 _BACKEND_OPTIONS = tuple(f.name for f in dataclasses.fields(_Options) if f.name != "inner")
 
 
-_MODE_HELP = (
-    "graphtrees records the CUDA graphs itself, so torch.compile's mode= (which selects Inductor's "
-    "own cudagraphs and autotuning) does not apply to backend='graphtrees'. Pass Inductor options "
-    "through graphtrees.compile(model, inner='inductor', inner_options={...}), e.g. "
-    "inner_options={'max_autotune': True}, or through torch.compile(model, "
-    "backend='graphtrees', options={...})."
-)
+# torch.compile's modes, as graphtrees reads them: it records the graphs itself, so the modes
+# that would turn on Inductor's own cudagraphs mean what graphtrees does anyway, and the
+# autotuning modes select Inductor's autotuning for the inner compiler.
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_logger = logging.getLogger("graphtrees")
+_logged_modes: set = set()
+
+
+def _mode_options(mode: str | None, inner: str) -> dict:
+    """The Inductor options that torch.compile's ``mode`` stands for, without Inductor's own
+    cudagraphs (graphtrees records the graphs). TypeError for a mode torch.compile does not know,
+    or an autotuning mode without an Inductor inner compiler."""
+    if mode is None or mode == "default":
+        return {}
+    if mode not in _MODES:
+        raise TypeError(f"graphtrees: unknown torch.compile mode {mode!r}; the modes are {_MODES}")
+    if mode not in _logged_modes:
+        _logged_modes.add(mode)
+        _logger.info(
+            "torch.compile(mode=%r) with backend='graphtrees': graphtrees records the CUDA graphs "
+            "itself (Inductor's own cudagraphs stay off)%s",
+            mode,
+            "" if mode == "reduce-overhead" else "; Inductor's autotuning is on",
+        )
+    if mode == "reduce-overhead":
+        return {}
+    if inner != "inductor":
+        raise TypeError(
+            f"graphtrees: mode={mode!r} selects Inductor's autotuning; use inner='inductor'"
+        )
+    from torch._inductor import list_mode_options
+
+    return {k: v for k, v in list_mode_options(mode).items() if k != "triton.cudagraphs"}
 
 
 def _wrap(
@@ -197,12 +224,9 @@ def make_backend(**options) -> Callable:
     def graphtrees_backend(
         gm: torch.fx.GraphModule, example_inputs: list[Any], mode=None, options=None
     ):
-        # torch.compile(..., backend="graphtrees", mode=/options=) hands those on here.
-        if mode not in (None, "default"):
-            raise TypeError(
-                f"graphtrees: torch.compile(..., mode={mode!r}) is not supported. " + _MODE_HELP
-            )
-        inner_options = {**opts.inner_options, **(options or {})}
+        # torch.compile(..., backend="graphtrees", mode=/options=) hands those on here (HF's
+        # CompileConfig passes mode="reduce-overhead" by default).
+        inner_options = {**_mode_options(mode, opts.inner), **opts.inner_options, **(options or {})}
         if inner_options and opts.inner != "inductor":
             raise TypeError(
                 f"graphtrees: Inductor options {sorted(inner_options)} need inner='inductor'"
@@ -295,7 +319,7 @@ def _reset_trees() -> None:
 # The backend registered as "graphtrees" (default options: inner="inductor").
 graphtrees_backend = make_backend()
 
-_COMPILE_OPTIONS = ("fullgraph", "dynamic", "disable")
+_COMPILE_OPTIONS = ("fullgraph", "dynamic", "disable", "mode")
 
 
 def compile(model: Callable | None = None, *, inner: str = "inductor", **options):
@@ -310,13 +334,11 @@ def compile(model: Callable | None = None, *, inner: str = "inductor", **options
             :func:`graphtrees.cudagraphify`.
         inner_options: Inductor config options for the inner compiler (``torch._inductor.config``
             names, e.g. ``{"max_autotune": True}``); inner="inductor" only.
-        fullgraph, dynamic, disable: passed to ``torch.compile``. ``mode=`` is refused: graphtrees
-            records the graphs itself (use inner_options for Inductor's tuning).
+        fullgraph, dynamic, disable, mode: passed to ``torch.compile``. ``mode`` None,
+            "default" and "reduce-overhead" mean what graphtrees does (it records the graphs
+            itself); "max-autotune" and "max-autotune-no-cudagraphs" turn on Inductor's
+            autotuning for the inner compiler.
     """
-    if "mode" in options:
-        raise TypeError(
-            f"graphtrees.compile: mode={options['mode']!r} is not supported. " + _MODE_HELP
-        )
     backend_opts = {k: options.pop(k) for k in list(options) if k in _BACKEND_OPTIONS}
     compile_opts = {k: options.pop(k) for k in list(options) if k in _COMPILE_OPTIONS}
     if options:
@@ -326,6 +348,7 @@ def compile(model: Callable | None = None, *, inner: str = "inductor", **options
             f"{_COMPILE_OPTIONS}"
         )
     backend = make_backend(inner=inner, **backend_opts)
+    _mode_options(compile_opts.get("mode"), inner)  # an unknown mode is refused here already
     if model is None:
         return functools.partial(torch.compile, backend=backend, **compile_opts)
     return torch.compile(model, backend=backend, **compile_opts)

@@ -10,8 +10,10 @@ the compiled core has loaded; ``install`` takes that module):
 * While a graph is being recorded on some thread, ``torch.Tensor.tolist`` is wrapped (a host read
   that ATen does not dispatch is watched) and Python's garbage collector is paused on the
   recording thread; both are undone when the recording ends.
-* Three ``torch.nn.Module`` registration hooks (parameters, buffers, submodules) tell wrapped
-  modules to re-read their tensors.
+* Three ``torch.nn.Module`` registration hooks (parameters, buffers, submodules) count the
+  registrations, so that wrapped modules re-read their tensors only when some module changed.
+  They are plain Python: code that ``torch.compile`` traces (an HF model that slices a
+  ``ModuleList`` in ``forward``) gets no graph break and no warning from them.
 * At exit, every tree is freed (``graphtrees.reset()``) and the hooks are removed.
 
 Nothing else changes: no other torch function is patched and no global state of torch is set.
@@ -148,6 +150,8 @@ def _answer_stream_capturing() -> None:
 
     @functools.wraps(original)
     def is_current_stream_capturing(*args, **kwargs):
+        if torch.compiler.is_compiling():  # dynamo traces torch's own function
+            return original(*args, **kwargs)
         if _C._recording_graph():
             return True
         # No capture can be under way before CUDA is initialised; asking would initialise it (and
@@ -184,9 +188,14 @@ def _find_tensors_in_blocks(addresses):
     return list(found.values())
 
 
+# Counts the parameters, buffers and submodules any module registers; wrapped modules re-read
+# their tensors when it changed. Plain Python: dynamo traces it inside compiled code (an HF model
+# that slices a ModuleList in forward registers submodules there) with no graph break.
+_module_epoch = [0]
+
+
 def _on_module_change(*args):
-    _C._bump_module_epoch()
-    return None
+    _module_epoch[0] += 1
 
 
 def install(C) -> None:
@@ -201,6 +210,7 @@ def install(C) -> None:
     _C._set_capture_scope_hook(_capture_scope)
     _C._set_pytree_hooks(_pytree_flatten_node, _pytree_unflatten_node)
     _C._set_find_storages_hook(_find_tensors_in_blocks)
+    _C._set_module_epoch_source(_module_epoch)
     _follow_pytorch_mark_step()
     _answer_stream_capturing()
     module.register_module_parameter_registration_hook(_on_module_change)

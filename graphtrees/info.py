@@ -37,12 +37,17 @@ def collect():
     return info
 
 
-def main():
+def main(argv=None):
+    """A table for people; ``--json`` prints the same as one JSON object, for programs."""
+    import sys
+
     info = collect()
+    if "--json" in (sys.argv[1:] if argv is None else argv):
+        print(json.dumps(info))
+        return
     width = max(len(k) for k in info)
     for k, v in info.items():
         print(f"{k:<{width}}  {v}")
-    print(json.dumps(info))
 
 
 if __name__ == "__main__":

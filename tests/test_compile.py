@@ -1,6 +1,7 @@
 """torch.compile integration: the "graphtrees" backend, training, generations, shapes, skips."""
 
 import copy
+import json
 import logging
 import re
 
@@ -433,15 +434,54 @@ def test_sliced_input_keeps_its_strides(device, inner):
     assert info(device)["num_replays"] >= 2
 
 
-def test_mode_is_refused_with_a_way_forward(device):
+def test_modes_torch_compile_users_pass_are_accepted(device, caplog):
+    # HF's CompileConfig passes mode="reduce-overhead" by default: it means what graphtrees does.
+    caplog.set_level(logging.INFO, logger="graphtrees")
+    graphtrees._dynamo_backend._logged_modes.clear()
     model = _mlp(device)
-    compiled = torch.compile(model, backend="graphtrees", mode="max-autotune")
-    with torch.no_grad(), pytest.raises(Exception, match="inner_options"):
-        compiled(torch.randn(2, 8, device=device))
-    with pytest.raises(TypeError, match="inner_options"):
-        graphtrees.compile(model, mode="reduce-overhead")
+    x = torch.randn(2, 8, device=device)
+    for compiled in (
+        torch.compile(model, backend="graphtrees", mode="reduce-overhead"),
+        graphtrees.compile(model, inner="aot_eager", mode="reduce-overhead"),
+        torch.compile(model, backend="graphtrees", mode="default"),
+    ):
+        graphtrees.reset()
+        with torch.no_grad():
+            for _ in range(4):
+                torch.testing.assert_close(compiled(x), model(x))
+        assert info(device)["num_replays"] >= 2
+    assert caplog.text.count("graphtrees records the CUDA graphs itself") == 1  # once per mode
+    # The autotuning modes select Inductor's autotuning, never Inductor's own cudagraphs.
+    opts = graphtrees._dynamo_backend._mode_options("max-autotune", "inductor")
+    assert opts["max_autotune"] is True and "triton.cudagraphs" not in opts
+    assert graphtrees._dynamo_backend._mode_options("max-autotune-no-cudagraphs", "inductor")
+    with pytest.raises(TypeError, match="use inner='inductor'"):
+        graphtrees.compile(model, inner="aot_eager", mode="max-autotune")
+    with pytest.raises(TypeError, match="unknown torch.compile mode 'fastest'"):
+        graphtrees.compile(model, mode="fastest")
+    with torch.no_grad(), pytest.raises(Exception, match="unknown torch.compile mode"):
+        torch.compile(model, backend="graphtrees", mode="fastest")(x)
     with pytest.raises(ValueError, match="inner_options must be a dict"):
         graphtrees.compile(model, inner="aot_eager", inner_options={"max_autotune": True})
+
+
+def test_autotuning_mode_reaches_the_inner_compiler(device, monkeypatch):
+    import torch._inductor.compile_fx as cfx
+
+    seen = []
+    real = cfx.compile_fx
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("config_patches"))
+        return real(*args, **{**kwargs, "config_patches": None})  # no autotuning run here
+
+    monkeypatch.setattr(cfx, "compile_fx", spy)
+    model = _mlp(device)
+    x = torch.randn(2, 8, device=device)
+    compiled = torch.compile(model, backend="graphtrees", mode="max-autotune-no-cudagraphs")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert seen[0]["max_autotune"] is True and "triton.cudagraphs" not in seen[0]
 
 
 def test_inductor_options_reach_the_inner_compiler(device, monkeypatch):
@@ -529,3 +569,58 @@ def test_a_forward_that_turned_eager_does_not_hold_the_step_open(device):
     assert t["generation"] >= 20
     # The recordings made before the forward turned eager, not one more per step (24 steps).
     assert t["num_nodes"] <= 8 and not t["pending_backward"]
+
+
+_COUNT_BREAKS = """
+import json, sys, warnings
+import torch, transformers
+if sys.argv[1] == "1":
+    import graphtrees  # noqa: F401
+cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                               max_position_embeddings=64)
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(cfg).eval()
+
+
+class Sliced(torch.nn.Module):  # a forward that slices a ModuleList registers submodules
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(4)])
+
+    def forward(self, x):
+        for layer in self.layers[:2]:
+            x = layer(x)
+        return x
+
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with torch.no_grad():
+        a = torch._dynamo.explain(model)(torch.randint(0, 64, (1, 8)))
+        b = torch._dynamo.explain(Sliced())(torch.randn(2, 8))
+print(json.dumps([a.graph_count, a.graph_break_count, b.graph_count, b.graph_break_count,
+                  [str(w.message)[:200] for w in caught if "graphtrees" in str(w.message)]]))
+"""
+
+
+def test_importing_graphtrees_changes_nothing_for_torch_compile():
+    # Code that does not use graphtrees compiles to the same graphs, with no break and no
+    # warning, whether graphtrees was imported or not (issue: its module hooks broke graphs).
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+
+    def counts(with_import):
+        r = subprocess.run(
+            [sys.executable, "-c", _COUNT_BREAKS, "1" if with_import else "0"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    without, with_ = counts(False), counts(True)
+    assert with_ == without
+    assert with_[1] == 0 and with_[3] == 0 and with_[4] == []

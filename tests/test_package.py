@@ -58,9 +58,12 @@ def test_info_command():
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    data = json.loads(r.stdout.strip().splitlines()[-1])
-    assert data["extension_loaded"] is True
-    assert "cpu" in data["backends"] and data["torch"] == torch.__version__
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].split() == ["graphtrees", graphtrees.__version__]  # a table, printed once
+    assert not any(line.startswith("{") for line in lines)
+    assert sum(line.startswith("torch ") for line in lines) == 1
+    assert ["extension_loaded", "True"] in [line.split() for line in lines]
+    assert ["torch", torch.__version__] in [line.split() for line in lines]
 
 
 @pytest.mark.parametrize(
@@ -108,7 +111,7 @@ def test_every_symbol_of_the_extension_resolves_against_this_torch():
 
 def test_info_reports_the_build_and_the_cuda_backend():
     r = subprocess.run(
-        [sys.executable, "-m", "graphtrees.info"],
+        [sys.executable, "-m", "graphtrees.info", "--json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
