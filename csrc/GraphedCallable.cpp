@@ -131,7 +131,11 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
 py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwargs,
                                      const FlatArgs& flat, const std::string& reason) {
   TreeRegistry::Handle tree;
-  if (!flat.tensors.empty()) tree = TreeRegistry::acquire(flat.tensors[0].device(), true);
+  const std::optional<c10::Device> device =
+      flat.tensors.empty() ? flat.unsupported_device : flat.tensors[0].device();
+  if (device && (device->is_cpu() || device->is_cuda())) {
+    tree = TreeRegistry::acquire(*device, /*create=*/true);  // it counts the fallback
+  }
   if (tree) {
     tree->noteFallback(unsupported_, reason);
   } else if (logged_reasons_.insert(reason).second) {
@@ -249,6 +253,11 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     return fallback(args, kwargs, flat, "it has no tensor arguments to tell its device");
   }
   const c10::Device device = flat.tensors[0].device();
+  if (!device.is_cpu() && !device.is_cuda()) {
+    return fallback(args, kwargs, flat,
+                    "its tensors are on the " + device.str() +
+                        " device; graphtrees records functions on CPU and CUDA tensors");
+  }
   // Autocast changes what the function computes: a recording made under it is another function
   // (Note [Autocast and recordings] in AutocastState.h).
   if (at::autocast::is_autocast_enabled(device.type())) {
@@ -309,10 +318,30 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
       throw;
     }
     std::vector<at::Tensor> outs;
-    OutputSpec spec = OutputSpec::flatten(out, &outs, fname);
     if (!sig.spec) {
-      sig.spec = std::make_unique<OutputSpec>(std::move(spec));
-    } else if (sig.record.eager_reason.empty() && !sig.spec->sameAs(spec)) {
+      // The first run (a warmup) tells whether the results can be graphed at all. A result type
+      // graphtrees cannot rebuild (transformers' DynamicCache, say) makes the function eager,
+      // like an argument it cannot graph: this call returns the real result (the warmup's pool
+      // tensors it holds are moved out of the pool as kept state), later ones run eagerly. A
+      // function that runs eagerly anyway needs no result structure.
+      if (sig.record.eager_reason.empty()) {
+        try {
+          sig.spec = std::make_unique<OutputSpec>(OutputSpec::flatten(out, &outs, fname));
+        } catch (const py::type_error& e) {
+          const std::string what = e.what();
+          sig.record.eager_reason =
+              what.substr(what.find(": ") + 2) +
+              (what.find("Cache") != std::string::npos
+                   ? " (for a transformers model, pass use_cache=False, or a StaticCache)"
+                   : "");
+          outs.clear();
+        }
+      }
+      result = std::move(out);
+      return outs;
+    }
+    OutputSpec spec = OutputSpec::flatten(out, &outs, fname);
+    if (sig.record.eager_reason.empty() && !sig.spec->sameAs(spec)) {
       sig.record.eager_reason = "its non-tensor results change between calls (first " +
                                 sig.spec->describe() + ", now " + spec.describe() + ")";
       throw std::runtime_error(

@@ -7,6 +7,12 @@
 
 namespace graphtrees {
 
+std::string InputMutationCheck::reason(int64_t input, const std::string& op, const char* advice) {
+  return "it mutates its input tensor #" + std::to_string(input) + " in place" +
+         (op.empty() ? "" : " (" + op + ")") + "; a graph would mutate a private copy instead" +
+         advice;
+}
+
 namespace {
 thread_local InputMutationCheck* tls_check = nullptr;
 

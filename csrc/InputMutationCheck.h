@@ -30,6 +30,8 @@ class InputMutationCheck {
   // After the run: the first input it mutated (a flat index) or -1; `op` names the op when the
   // schema watch saw it.
   int64_t firstMutated(std::string* op) const;
+  // The eager reason for a function that mutated input `input` (by `op`, if known).
+  static std::string reason(int64_t input, const std::string& op, const char* advice);
 
  private:
   static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);

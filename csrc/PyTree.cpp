@@ -67,12 +67,21 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     return;
   }
   if (THPVariable_Check(obj)) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
     if (!THPVariable_CheckExact(obj)) {
       out->unsupported = "an argument of tensor subclass type '" + typeName(obj) + "'";
+      out->unsupported_device = t.device();
       return;
     }
-    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.is_nested()) {
+      out->unsupported =
+          "a nested tensor argument (only strided tensors with storage can be "
+          "graphed)";
+      out->unsupported_device = t.device();
+      return;
+    }
     if (t.layout() != c10::kStrided || !t.has_storage()) {
+      out->unsupported_device = t.device();
       out->unsupported = "a tensor argument with layout " + c10::str(t.layout()) +
                          " (only strided tensors with storage can be graphed)";
       return;

@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,8 @@ struct FlatArgs {
   // tensors and autocast state) does so after rekey().
   std::string key;
   std::string unsupported;  // why the arguments cannot be graphed, if they cannot
+  // The device of the tensor argument that made them unsupported (its tree counts the fallback).
+  std::optional<c10::Device> unsupported_device;
   size_t structure_bytes = 0;
   size_t keyed_tensors = 0;  // the argument tensors (the first ones of `tensors`)
 

@@ -29,12 +29,6 @@ bool copyOnOverwrite(const FunctionRecord& fn) {
   return fn.options->on_overwrite == OnOverwrite::kCopy || fn.mode == FunctionMode::kBackward;
 }
 
-std::string mutationReason(int64_t input, const std::string& op, const char* advice) {
-  return "it mutates its input tensor #" + std::to_string(input) + " in place" +
-         (op.empty() ? "" : " (" + op + ")") + "; a graph would mutate a private copy instead" +
-         advice;
-}
-
 std::string firstLine(const std::string& s) {
   const size_t end = s.find('\n');
   return end == std::string::npos ? s : s.substr(0, end);
@@ -44,9 +38,6 @@ std::string whereOf(const TreeNode* node) {
   return node ? "node " + std::to_string(node->id()) : "the root";
 }
 
-}  // namespace
-
-namespace {
 std::atomic<int64_t> next_tree_serial{1};
 }  // namespace
 
@@ -199,7 +190,8 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
   if (out_of_memory) return runEager(fn, inputs, run, st.oom_reason);
 
   TreeNode* parent = current_ != nullptr ? current_ : &root_;
-  const bool rerecord = parent->countChildrenOf(fn.id) > 0;
+  // A recording that replaces one that could never replay again is not churn.
+  const bool rerecord = !replaceStaleRecordings(*parent, fn) && parent->countChildrenOf(fn.id) > 0;
   if (rerecord) {
     if (mismatch.empty()) mismatch = "no recording matches the inputs";
     if (st.rerecords >= fn.options->rerecord_limit) {
@@ -219,6 +211,20 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     counters_.num_rerecords++;
   }
   return result;
+}
+
+bool TreeManager::replaceStaleRecordings(TreeNode& parent, const FunctionRecord& fn) {
+  std::vector<TreeNode*> stale;
+  for (const auto& c : parent.ownedChildren()) {
+    if (c->functionId() == fn.id && !c->staticInputsAlive()) stale.push_back(c.get());
+  }
+  for (TreeNode* n : stale) {
+    const int64_t id = n->id();
+    removeNode(n, "its static inputs were freed, so it could never replay again");
+    logMessage(LogLevel::kInfo, "replaced node " + std::to_string(id) + " ('" + fn.name +
+                                    "'): its static inputs were freed");
+  }
+  return !stale.empty();
 }
 
 void TreeManager::removeNode(TreeNode* node, const std::string& why) {
@@ -358,8 +364,8 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     return outOfMemory(fn, ins, run, "warming it up", e.what_without_backtrace());
   }
   if (mutated >= 0) {
-    fn.eager_reason = mutationReason(mutated, mutating_op,
-                                     ". Pass it through static_argnums if its address is stable");
+    fn.eager_reason = InputMutationCheck::reason(
+        mutated, mutating_op, ". Pass it through static_argnums if its address is stable");
     noteFallback(fn, fn.eager_reason);
   }
   live_.trackWarmupOutputs(outs, ins, fn.name, copyOnOverwrite(fn), policy_.generation());
@@ -471,7 +477,7 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     return false;
   }
   if (mutated < 0) return true;
-  fn.eager_reason = mutationReason(mutated, mutating_op, "");
+  fn.eager_reason = InputMutationCheck::reason(mutated, mutating_op, "");
   *rec = Recording();
   *fallback = runEager(fn, ins, run, fn.eager_reason);
   return false;

@@ -171,6 +171,17 @@ class TreeManager {
   // into .grad, as it does for any gradient it cannot steal.
   void finishRun(FunctionRecord& fn, const CallResult& result);
   void removeNode(TreeNode* node, const std::string& why);
+  // Note [Recordings that can never replay]
+  // A recording reads its static inputs (parameters, a StaticCache's tensors) at their addresses.
+  // Once one of those storages has been freed, nothing can hand the recording its input again: a
+  // new tensor at that address is a new input, and a call with another address re-records. HF's
+  // generate() makes a new StaticCache at every call, so without this each call would re-record its
+  // decode graph until rerecord_limit made it eager. Such recordings are removed before their
+  // function records under the same parent (their memory is reused), and the new recording is not
+  // a re-record (even if an older sibling still lives): rerecord_limit counts real churn, static
+  // inputs that move while they live.
+  // Removes the recordings of `fn` under `parent` whose static inputs were freed; true if any.
+  bool replaceStaleRecordings(TreeNode& parent, const FunctionRecord& fn);
   // Note [Out of memory]
   // An allocation that fails while a warmup, the placeholders or a capture allocate in the pool
   // (the device is out of memory, or the pool reached its budget: Note [Memory budget] in

@@ -39,6 +39,11 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   node->key_ptrs_ = std::move(rec.key_ptrs);
   node->key_hash_ = rec.key_hash;
   node->copied_inputs_ = rec.copied;
+  for (size_t i = 0; i < rec.inputs.size(); ++i) {
+    if (rec.input_kinds[i] == InputKind::kStatic && rec.inputs[i].has_storage()) {
+      node->static_storages_.push_back(rec.inputs[i].storage().getWeakStorageImpl());
+    }
+  }
   node->footprint_ = rec.graph->footprint();
   for (int64_t i : rec.copied) {
     const auto& ph = rec.inputs[i];

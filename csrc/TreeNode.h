@@ -28,6 +28,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -136,6 +137,13 @@ class TreeNode {
   const std::vector<int64_t>& mustStayDead() const { return must_stay_dead_; }
   int64_t replays() const { return replays_; }
   uint64_t lastUsed() const { return last_used_; }
+  // Whether every static input the recording read is still alive (Note [Recordings that can
+  // never replay] in TreeManager.h).
+  bool staticInputsAlive() const {
+    return std::none_of(
+        static_storages_.begin(), static_storages_.end(),
+        [](const c10::weak_intrusive_ptr<c10::StorageImpl>& w) { return w.expired(); });
+  }
   Graph& graph() const { return *graph_; }
 
   // The key children are found by (Note [Matching a child]).
@@ -205,8 +213,9 @@ class TreeNode {
   std::vector<c10::Storage> constants_;  // storages of kConstant outputs
   std::vector<Interval> footprint_;      // sorted, merged
   NodeCheckpoint checkpoint_;
-  std::vector<int64_t>
-      must_stay_dead_;  // ancestor slots dead at recording (Note [Matching a child])
+  // Ancestor slots dead at the recording (Note [Matching a child]).
+  std::vector<int64_t> must_stay_dead_;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> static_storages_;  // what it read in place
   int64_t replays_ = 0;
   uint64_t last_used_ = 0;  // the tree's use clock at its recording or latest replay
 

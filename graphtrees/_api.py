@@ -46,6 +46,8 @@ def cudagraphify(
         warmup_iters: eager runs (inside the pool) before a call signature is recorded.
         rerecord_limit: re-recordings of one signature under one parent before that signature
             falls back to eager execution (the reason is logged on the ``graphtrees`` logger).
+            A recording whose static inputs were freed can never replay again: the next one
+            replaces it and is not counted (a new ``StaticCache`` per ``generate()`` call).
         name: the function's name in logs, errors, :func:`tree_info` and :func:`tree_to_dot`
             (default: the callable's qualified name, or its class name for a module).
         on_overwrite: what happens to an output you still hold when a later run is about to

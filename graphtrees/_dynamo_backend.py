@@ -233,6 +233,9 @@ def make_backend(**options) -> Callable:
             )
         graph = f"graph{next(_graph_counter)}"
         graph_reason = fsdp2_reason(gm, example_inputs) or ""
+        # The compilers below outlive this call: they must not hold the example inputs (real
+        # tensors: a StaticCache's, say), which would keep them alive with the compiled code.
+        num_inputs = len(example_inputs)
         forward_static: list[int] = []
         forward_static_aliases: list[str] = []
 
@@ -243,7 +246,7 @@ def make_backend(**options) -> Callable:
             from torch._dynamo.backends.common import aot_autograd
 
             def fw_compiler(aot_gm, aot_inputs, is_inference=False):
-                static = _forward_static_indices(len(example_inputs), aot_inputs)
+                static = _forward_static_indices(num_inputs, aot_inputs)
                 forward_static[:] = static
                 forward_static_aliases[:] = _static_aliases(aot_gm, static)
                 mode = _modes().INFERENCE if is_inference else _modes().FORWARD
@@ -288,7 +291,7 @@ def make_backend(**options) -> Callable:
                 mode = _modes().INFERENCE if kwargs.get("is_inference", False) else _modes().FORWARD
                 static = sorted(
                     set(kwargs.get("static_input_idxs") or ())
-                    | set(_forward_static_indices(len(example_inputs), aot_inputs))
+                    | set(_forward_static_indices(num_inputs, aot_inputs))
                 )
                 forward_static[:] = static
                 forward_static_aliases[:] = _static_aliases(aot_gm, static)

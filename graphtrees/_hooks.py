@@ -22,6 +22,8 @@ Nothing else changes: no other torch function is patched and no global state of 
 import logging
 import threading
 
+import torch
+
 _C = None  # the compiled core, set by install()
 
 _logger = logging.getLogger("graphtrees")
@@ -190,11 +192,17 @@ def _find_tensors_in_blocks(addresses):
 
 # Counts the parameters, buffers and submodules any module registers; wrapped modules re-read
 # their tensors when it changed. Plain Python: dynamo traces it inside compiled code (an HF model
-# that slices a ModuleList in forward registers submodules there) with no graph break.
+# that slices a ModuleList in forward registers submodules there) with no graph break and no
+# guard.
 _module_epoch = [0]
 
 
 def _on_module_change(*args):
+    # Under dynamo the registration happens in traced code (a ModuleList sliced in forward makes a
+    # temporary one): counting it there would make the count a guard of the compiled code, which
+    # would then recompile whenever any module changed. Nothing graphtrees wraps is changed there.
+    if torch.compiler.is_compiling():
+        return
     _module_epoch[0] += 1
 
 

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 PY=${PYTHON:-python}
-DEPS=(ninja "setuptools>=70" pytest hypothesis numpy transformers clang-format==23.1.5 ruff==0.17.6)
+DEPS=(ninja "setuptools>=70" pytest hypothesis numpy transformers diffusers==0.42.1 clang-format==23.1.5 ruff==0.17.6)
 t_all=$(date +%s)
 stamp() { echo "[run_tests] $1: $(( $(date +%s) - $2 )) s"; }
 

@@ -65,10 +65,12 @@ def test_registered_type_and_ordered_dict(device):
     assert info(device)["num_replays"] == 2
 
 
-def test_unregistered_result_type_still_raises_type_error(device):
+def test_unregistered_result_type_runs_eagerly_and_says_how_to_graph_it(device):
     class Opaque:
         pass
 
     g = cudagraphify(lambda x: Opaque())
-    with pytest.raises(TypeError, match="registered with torch.utils._pytree"):
-        g(torch.ones(2, device=device))
+    for _ in range(3):
+        assert isinstance(g(torch.ones(2, device=device)), Opaque)
+    (sig,) = g.signatures()
+    assert "registered with torch.utils._pytree" in sig["eager_reason"]

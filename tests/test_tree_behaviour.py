@@ -133,11 +133,15 @@ def test_module_parameters_are_static_and_used_in_place(device):
     m[0].weight.add_(0.5)
     torch.testing.assert_close(g(x), m(x))
     assert info(device)["num_rerecords"] == 0
-    # A replaced parameter (new address) re-records.
+    # A replaced parameter (new address) records again; the old parameter is gone, so its
+    # recording could never replay and is replaced (Note [Recordings that can never replay]).
+    recordings = info(device)["num_recordings"]
     m[2].weight = torch.nn.Parameter(torch.randn(4, 16, device=device))
     torch.testing.assert_close(g(x), m(x))
     torch.testing.assert_close(g(x), m(x))
-    assert info(device)["num_rerecords"] == 1
+    t = info(device)
+    assert t["num_recordings"] == recordings + 1 and t["num_nodes"] == 1
+    assert t["num_rerecords"] == 0
 
 
 def test_static_argnums_address_change_rerecords_then_falls_back(device, tree_logs):
@@ -146,8 +150,10 @@ def test_static_argnums_address_change_rerecords_then_falls_back(device, tree_lo
     w = torch.randn(4, 4, device=device)
     for _ in range(3):
         torch.testing.assert_close(g(w, x), x @ w)
+    kept = [w]  # each old weight stays alive: real churn, counted (one that died is replaced)
     for _i in range(4):
         w = torch.randn(4, 4, device=device)  # new address each time
+        kept.append(w)
         torch.testing.assert_close(g(w, x), x @ w)
     t = info(device)
     assert t["num_rerecords"] == 2  # the third address change exceeds the limit: eager
@@ -531,10 +537,20 @@ def test_changing_non_tensor_results_raise_then_run_eagerly(device):
     assert "non-tensor results change" in sig["eager_reason"]
 
 
-def test_unsupported_result_type_raises_type_error(device):
-    g = cudagraphify(lambda x: {x})  # a set
-    with pytest.raises(TypeError, match="returned a value of type 'set'"):
-        g(torch.ones(1, device=device))
+def test_unsupported_result_type_runs_eagerly_with_the_reason(device, tree_logs):
+    # A result graphtrees cannot rebuild (a set here; transformers' DynamicCache in real life)
+    # makes the function eager, like an argument it cannot graph: it never raises.
+    g = cudagraphify(lambda x: {"sum": x + 1, "kinds": {1, 2}})
+    x = torch.ones(3, device=device)
+    for _ in range(4):
+        out = g(x)
+        torch.testing.assert_close(out["sum"], x + 1)
+        assert out["kinds"] == {1, 2}
+    (sig,) = g.signatures()
+    assert "returned a value of type 'set'" in sig["eager_reason"]
+    assert tree_logs.text.count("returned a value of type 'set'") == 1  # logged once
+    assert info(device)["num_nodes"] == 0
+    assert_invariants(device)
 
 
 def test_nested_graphed_calls_run_inside_the_outer_run(device):
@@ -877,3 +893,57 @@ def test_pytorch_mark_step_begin_marks_a_step_for_graphtrees(device):
     torch.compiler.cudagraph_mark_step_begin()
     torch.testing.assert_close(h(a), x * 2 + 1)
     assert info(device)["generation"] == g1 + 1
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass (the kind graphtrees runs eagerly)."""
+
+
+@pytest.mark.parametrize("kind", ["nested", "meta", "sparse", "subclass"])
+def test_odd_inputs_run_eagerly_with_a_clear_reason(kind, tree_logs):
+    # Each is answered by graphtrees' own reason (never a PyTorch internal error) and counted.
+    g = cudagraphify(lambda x: x * 2)
+    if kind == "nested":
+        x = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.strided)
+        want = "nested tensor"
+    elif kind == "meta":
+        x = torch.ones(4, device="meta")
+        want = "on the meta device"
+    elif kind == "sparse":
+        x = torch.eye(3).to_sparse()
+        want = "a tensor argument with layout Sparse"
+    else:
+        x = torch.ones(4).as_subclass(_Marked)
+        want = "tensor subclass type '_Marked'"
+    for _ in range(3):
+        out = g(x)
+    if kind == "nested":
+        assert [t.tolist() for t in out.unbind()] == [[2.0, 2.0], [2.0, 2.0, 2.0]]
+    elif kind != "meta":
+        torch.testing.assert_close(out.to_dense(), (x * 2).to_dense())
+    assert tree_logs.text.count(want) == 1  # logged once
+    if kind != "meta":
+        assert info("cpu")["num_fallbacks"] == 3
+
+
+def test_recordings_whose_static_inputs_died_are_replaced_not_counted(device, tree_logs):
+    # Note [Recordings that can never replay]: a new buffer per call (HF's new StaticCache per
+    # generate()) replaces the recording that read the old one; rerecord_limit counts real churn.
+    g = cudagraphify(lambda buf, x: buf.add_(x).mul(2), static_argnums=(0,), rerecord_limit=2)
+    x = torch.ones(16, device=device)
+    for _ in range(12):
+        buf = torch.zeros(16, device=device)  # the previous one dies here
+        for k in range(1, 4):
+            torch.testing.assert_close(g(buf, x), torch.full((16,), 2.0 * k, device=device))
+    t = info(device)
+    assert g.signatures()[0]["eager_reason"] is None
+    assert t["num_rerecords"] == 0 and t["num_nodes"] == 1 and t["num_replays"] >= 12
+    assert "its static inputs were freed" in tree_logs.text
+    # Buffers that stay alive while their address changes are churn, and counted.
+    keep = [torch.zeros(16, device=device) for _ in range(4)]
+    for b in keep:
+        for _ in range(2):
+            g(b, x)
+    assert info(device)["num_rerecords"] == 2
+    assert "rerecord_limit=2" in g.signatures()[0]["eager_reason"]
+    assert_invariants(device)

@@ -4,9 +4,10 @@
 // the device that bounds the bytes all pools reserve together. While a thread allocates into a
 // tree's pool, the fraction is lowered so that the device's other reservations may stay and the
 // pool may grow up to the cap; c10 then fails the allocation with its out-of-memory error.
-// Another thread allocating on the device in that window is bounded too (docs/serving.md, "Memory budget and out of memory").
-// Applied and lifted under the device's allocation lock (Note [One allocation phase per device]
-// in DeviceLock.h), so that the fraction saved is always the one the user set.
+// Another thread allocating on the device in that window is bounded too (docs/serving.md, "Memory
+// budget and out of memory"). Applied and lifted under the device's allocation lock (Note [One
+// allocation phase per device] in DeviceLock.h), so that the fraction saved is always the one the
+// user set.
 
 #include <c10/core/Device.h>
 

@@ -77,3 +77,46 @@ def test_static_cache_decoding_matches_generate(device):
             logits = decode(nxt, torch.tensor([tokens.shape[1] - 1], device=device))
         assert torch.equal(tokens, ref), (attempt, tokens, ref)
     assert info(device)["num_replays"] > new_tokens
+
+
+def test_generate_with_compile_config_replays_on_its_hundredth_call(device):
+    # HF's CompileConfig defaults to mode="reduce-overhead", and every generate() makes a new
+    # StaticCache: the decode graph's old recording can never replay again and is replaced,
+    # without counting towards rerecord_limit, so the hundredth call still replays.
+    model = tiny_llama(device)
+    ids = torch.randint(0, 128, (1, 6), device=device)
+    want = model.generate(ids, max_new_tokens=4, do_sample=False)
+    config = transformers.CompileConfig(backend="graphtrees")
+    config._compile_all_devices = True  # HF compiles on accelerators only, unless asked
+    replays = []
+    for _ in range(100):
+        got = model.generate(
+            ids,
+            max_new_tokens=4,
+            do_sample=False,
+            cache_implementation="static",
+            compile_config=config,
+        )
+        assert torch.equal(got, want)
+        replays.append(info(device)["num_replays"])
+    t = info(device)
+    assert replays[-1] > replays[-2] > replays[0]  # still replaying at the end
+    assert t["num_fallbacks"] == 0 and t["num_rerecords"] <= 2
+    assert t["num_nodes"] <= 4  # the old caches' recordings were replaced, not kept
+
+
+def test_gpt2_wrapped_whole_with_its_default_cache_runs_eagerly(device, tree_logs):
+    # use_cache=True (the default) returns a DynamicCache, which a graph cannot return: the
+    # model runs eagerly with the reason and the hint logged once, and never raises.
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32)
+    model = transformers.GPT2LMHeadModel(cfg).to(device).eval()
+    g = graphtrees.cudagraphify(model)
+    ids = torch.randint(0, 64, (1, 8), device=device)
+    for _ in range(3):
+        out = g(ids)
+        torch.testing.assert_close(out.logits, model(ids).logits)
+    assert out.past_key_values is not None
+    (sig,) = g.signatures()
+    assert "DynamicCache" in sig["eager_reason"] and "use_cache=False" in sig["eager_reason"]
+    assert tree_logs.text.count("use_cache=False") == 1
