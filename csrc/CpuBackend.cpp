@@ -1,6 +1,7 @@
 #include "CpuBackend.h"
 
 #include "AutocastState.h"
+#include "CollectiveBuffers.h"
 #include "CpuPool.h"
 #include "FailureInjection.h"
 #include "Logging.h"
@@ -13,11 +14,9 @@
 #include <c10/util/UniqueVoidPtr.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -123,6 +122,7 @@ class ReplayScope {
 struct HostSyncWatch {
   std::string first;  // "aten::item (.item(), ...)": the first host read met
   int exempt_depth = 0;
+  bool collectives = false;  // a c10d op was dispatched (Note [Collective buffers])
 };
 
 thread_local HostSyncWatch* tls_watch = nullptr;
@@ -158,6 +158,7 @@ std::unique_ptr<at::ObserverContext> watchOpStart(const at::RecordFunction& fn) 
   HostSyncWatch* w = tls_watch;
   if (w == nullptr) return nullptr;
   const char* op = fn.name();
+  w->collectives = w->collectives || CollectiveBuffers::isCollective(op);
   if (exemptFromHostSyncWatch(op)) {
     w->exempt_depth++;
   } else if (w->exempt_depth == 0 && w->first.empty()) {
@@ -338,8 +339,10 @@ OutputLayout layoutOf(const at::Tensor& t) {
 
 class CpuGraph final : public Graph {
  public:
-  CpuGraph(std::vector<Allocation> allocations, std::vector<OutputLayout> outputs, std::string name)
-      : allocations_(std::move(allocations)),
+  CpuGraph(std::vector<Allocation> allocations, std::vector<OutputLayout> outputs, std::string name,
+           bool uses_collectives)
+      : uses_collectives_(uses_collectives),
+        allocations_(std::move(allocations)),
         footprint_(footprintOf(allocations_)),
         outputs_(std::move(outputs)),
         name_(std::move(name)) {
@@ -358,6 +361,7 @@ class CpuGraph final : public Graph {
     st.liveness = std::make_shared<ReplayLiveness>();
     ReplayScope replay_scope(st.liveness);
     std::vector<at::Tensor> outputs;
+    CollectiveBuffers collective_buffers(uses_collectives_);
     {
       RouteGuard guard(&st);
       RecordingGraphScope recording;   // the recorded program runs again, as it was captured
@@ -398,18 +402,12 @@ class CpuGraph final : public Graph {
     // Anything still alive that is not an output was kept by the function (on a module, in a
     // global): the next run would overwrite it without anyone knowing.
     outputs.clear();
-    auto keptCount = [&] {
-      size_t n = 0;
+    size_t kept = 0;  // Note [Collective buffers]: a collective's are not kept
+    {
       std::lock_guard<std::mutex> lock(st.liveness->mutex);
-      for (const auto& kv : st.liveness->alive) n += output_storages_.count(kv.first) ? 0 : 1;
-      return n;
-    };
-    size_t kept = keptCount();
-    // A collective's worker thread (gloo's) may drop its references to the run's tensors a moment
-    // after the collective returned: give it up to 100 ms before calling them kept.
-    for (int i = 0; kept > 0 && i < 100; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      kept = keptCount();
+      for (const auto& kv : st.liveness->alive) {
+        kept += output_storages_.count(kv.first) || collective_buffers.contains(kv.first) ? 0 : 1;
+      }
     }
     TORCH_CHECK(kept == 0, "graphtrees: the replay of '", name_, "' kept ", kept,
                 " tensor(s) it allocated without returning them (for example a cache stored on a "
@@ -420,6 +418,7 @@ class CpuGraph final : public Graph {
   const std::vector<Interval>& footprint() const override { return footprint_; }
 
  private:
+  bool uses_collectives_;  // Note [Collective buffers]
   std::vector<Allocation> allocations_;
   std::vector<Interval> footprint_;
   std::vector<OutputLayout> outputs_;
@@ -517,7 +516,8 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
   std::vector<OutputLayout> layouts;
   layouts.reserve(outputs->size());
   for (const auto& t : *outputs) layouts.push_back(layoutOf(t));
-  return std::make_unique<CpuGraph>(std::move(allocations), std::move(layouts), function_name);
+  return std::make_unique<CpuGraph>(std::move(allocations), std::move(layouts), function_name,
+                                    watch.collectives);
 }
 
 void CpuBackend::copyInputs(const std::vector<at::Tensor>& dst,

@@ -258,10 +258,7 @@ def collectives(rank, world_size, steps=6):
         z = y * (rank + 1)
         out = torch.empty(world_size * z.numel())
         _gather(out, z)
-        # z is returned although the caller does not need it: gloo's worker thread drops its
-        # reference to a collective's tensors a moment after the collective has returned, so a
-        # temporary passed to one can outlive the call, and the CPU emulation would report it
-        # as kept by the function (README, "Distributed").
+        # z is returned too (collectives_under_load covers temporaries that are not).
         return y, out, z
 
     f = graphtrees.cudagraphify(step_fn, name=f"collectives_rank{rank}")
@@ -461,7 +458,43 @@ def fsdp2_training(rank, world_size, steps=8):
     )
 
 
+def collectives_under_load(rank, world_size, calls=1000):
+    """Temporaries passed to collectives and not returned (gloo's worker thread drops its
+    references to them when it likes): every replay must pass the kept-tensor check whatever the
+    timing (Note [Collective buffers] in csrc/CollectiveBuffers.h)."""
+    import torch
+    import torch.distributed as dist
+
+    import graphtrees
+
+    def reduce_fn(t):
+        s = t * 2
+        dist.all_reduce(s)  # s is a temporary the function does not return
+        return s + 1
+
+    def gather_fn(t):
+        out = torch.empty(world_size * t.numel())
+        _gather(out, t * 3)  # t * 3 is a temporary the function does not return
+        return out
+
+    f = graphtrees.cudagraphify(reduce_fn, name=f"reduce_rank{rank}")
+    g = graphtrees.cudagraphify(gather_fn, name=f"gather_rank{rank}")
+    with torch.no_grad():
+        for i in range(calls):
+            t = torch.full((4,), float(i + rank))
+            want = sum(2.0 * (i + r) for r in range(world_size)) + 1
+            assert torch.equal(f(t), torch.full((4,), want)), i
+            graphtrees.mark_step_begin()
+            got = g(t)
+            assert torch.equal(got, torch.cat([torch.full((4,), 3.0 * (i + r)) for r in range(2)]))
+            graphtrees.mark_step_begin()
+    ok, why = graphtrees.check_pool_invariants("cpu")
+    assert ok, why
+    return dict(tree=_summary(graphtrees.tree_info("cpu")), calls=calls)
+
+
 CASES = {
+    "collectives_under_load": collectives_under_load,
     "ddp_training": ddp_training,
     "collectives": collectives,
     "collectives_in_place_on_a_static_buffer": collectives_in_place_on_a_static_buffer,

@@ -6,8 +6,11 @@ rank's traceback. The processes are always terminated at the end, even when the 
 """
 
 import multiprocessing
+import os
 import queue as queue_module
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -328,3 +331,22 @@ def test_a_barrier_rejects_the_recording(tmp_path, caplog):
         assert graphtrees.tree_info("cpu")["num_nodes"] == 0
     finally:
         dist.destroy_process_group()
+
+
+def test_collective_temporaries_are_never_called_kept_under_heavy_load():
+    # A replay re-runs the function on the CPU backend; gloo's worker thread drops its references
+    # to a collective's tensors when it gets to it. With more busy processes than cores, each
+    # collective runs 1,000 times per rank and no replay may report a "kept" tensor.
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range((os.cpu_count() or 2) + 1)
+    ]
+    try:
+        (ranks,) = run_ranks(("collectives_under_load", {}))
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    for result in ranks:
+        tree = result["tree"]
+        assert tree["num_fallbacks"] == 0 and tree["num_replays"] >= 2 * (result["calls"] - 2)

@@ -142,3 +142,26 @@ def test_on_overwrite_is_validated(bad):
 def test_chain_limit_is_validated():
     with pytest.raises(ValueError, match="chain_limit must be an int >= 1"):
         cudagraphify(lambda x: x, chain_limit=0)
+
+
+def test_keeping_every_output_of_a_feedback_loop_names_the_chain_limit(device):
+    # h = f(h) kept in a list: after chain_limit runs a new step begins and the oldest outputs
+    # are released; touching one says why and how to keep them.
+    f = cudagraphify(lambda h: h * 0.5 + 1)
+    h = torch.ones(8, device=device)
+    kept = []
+    for _ in range(40):
+        h = f(h)
+        kept.append(h)
+    with pytest.raises(RuntimeError) as err:
+        kept[0] + 1
+    msg = str(err.value)
+    assert "chain_limit=16" in msg and "on_overwrite='copy'" in msg and ".clone()" in msg
+    torch.testing.assert_close(kept[-1], _loop_reference(40, device))
+
+
+def _loop_reference(n, device):
+    h = torch.ones(8, device=device)
+    for _ in range(n):
+        h = h * 0.5 + 1
+    return h
