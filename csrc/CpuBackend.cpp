@@ -510,8 +510,8 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
         ran);
   }
   if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
-    outputs->clear();
-    throw CaptureRejected("injected failure at the end of the capture");
+    // The function ran to its end: its results are this call's (its side effects happened once).
+    throw CaptureRejected("injected failure at the end of the capture", /*ran=*/true);
   }
   std::vector<OutputLayout> layouts;
   layouts.reserve(outputs->size());

@@ -71,7 +71,7 @@ void PoolBookkeeping::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
 void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
                               const std::vector<uint8_t>& is_static) {
   if (consumeInjectedFailure(FailurePoint::kRestore)) {
-    throw RestoreFailed("simulated failure (graphtrees._C._fail_next_restores)");
+    throw RestoreFailed("injected failure (graphtrees._C._inject_failure(\"restore\"))");
   }
   if (!node->published()) {  // not expected: nodes are published with a checkpoint
     throw RestoreFailed("node " + std::to_string(node->id()) + " has no checkpoint");
@@ -150,9 +150,9 @@ int64_t PoolBookkeeping::releaseUnneededSegments(const TreeNode& root) {
 // found is moved out of the pool (its bytes copied, the storage rebound in place): the recording
 // then sees an ordinary tensor at a fixed address. Logged at INFO, counted as a migration. A
 // tensor created and kept by a recording is still an error (its memory belongs to the graph).
-NodeCheckpoint PoolBookkeeping::checkpoint(const TreeNode& node) {
+NodeCheckpoint PoolBookkeeping::checkpoint(std::shared_ptr<Checkpoint> pool, const TreeNode& node) {
   NodeCheckpoint cp;
-  cp.pool = backend_.checkpoint();
+  cp.pool = std::move(pool);
   cp.live_slots = live_.liveSlots();
   for (const Slot& s : node.slots()) cp.live_slots.push_back(s.id);
   std::sort(cp.live_slots.begin(), cp.live_slots.end());

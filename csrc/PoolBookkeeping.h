@@ -47,10 +47,12 @@ class PoolBookkeeping {
   void prepareToAllocate(TreeNode* current, std::vector<at::Tensor>* inputs,
                          const std::vector<uint8_t>& is_static);
 
-  // The checkpoint of `node`, just recorded and not yet in the tree: the pool's bookkeeping now,
-  // and the live slots a restore to it keeps (those live now and the node's own). Throws what the
-  // backend's checkpoint throws.
-  NodeCheckpoint checkpoint(const TreeNode& node);
+  // The pool's bookkeeping now (right after a recording); throws what the backend's throws.
+  std::shared_ptr<Checkpoint> checkpointPool() { return backend_.checkpoint(); }
+  // The checkpoint of `node`, just recorded and not yet in the tree: `pool` (checkpointPool()
+  // right after its recording), and the live slots a restore to it keeps (those live now and the
+  // node's own).
+  NodeCheckpoint checkpoint(std::shared_ptr<Checkpoint> pool, const TreeNode& node);
 
   // At the end of a warmup: moves state the function created and kept without returning it out
   // of the pool (Note [Kept state] in PoolBookkeeping.cpp).

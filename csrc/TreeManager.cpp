@@ -485,6 +485,20 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
 
 CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor>& ins,
                                 const RunFn& run, Recording&& rec) {
+  std::shared_ptr<Checkpoint> pool_state;  // Note [Publishing a node] in TreeManager.h
+  try {
+    pool_state = bookkeeping_.checkpointPool();
+  } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    fn.eager_reason = std::string("the pool could not be checkpointed after its recording: ") +
+                      (c10_error ? c10_error->what_without_backtrace() : e.what());
+    if (live_.moveResultsOutOfPool(rec.outputs, rec.inputs, rec.copied)) {
+      noteFallback(fn, fn.eager_reason);
+      return {std::move(rec.outputs), RunKind::kEager};
+    }
+    rec = Recording();
+    return runEager(fn, ins, run, fn.eager_reason);
+  }
   // Ancestor outputs that are dead now: a later replay is valid only while they stay dead.
   std::vector<int64_t> must_stay_dead;
   for (TreeNode* p : path_) {
@@ -497,19 +511,7 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
       next_node_id_, current_, std::move(rec), [this] { return live_.newSlot(); },
       [this](const c10::StorageImpl* s) { return live_.contains(s); }, std::move(must_stay_dead),
       &slot_storages);
-  // Note [Publishing a node]
-  // The checkpoint is taken before the node enters the tree: a checkpoint that throws (c10's
-  // refuses blocks with pending cross-stream events) leaves the tree exactly as it was, and the
-  // function runs eagerly from then on. Nothing that can fail runs after the node is published.
-  try {
-    node->publish(bookkeeping_.checkpoint(*node));
-  } catch (const std::exception& e) {
-    const std::string why = e.what();
-    node.reset();
-    slot_storages.clear();
-    fn.eager_reason = "the pool could not be checkpointed after its recording: " + why;
-    return runEager(fn, ins, run, fn.eager_reason);
-  }
+  node->publish(bookkeeping_.checkpoint(std::move(pool_state), *node));
   TreeNode* parent = current_ != nullptr ? current_ : &root_;
   TreeNode* raw = parent->addChild(std::move(node));
   next_node_id_++;

@@ -151,6 +151,13 @@ class TreeManager {
                             CallResult* fallback);
   bool capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
                const CallKey& key, bool retried, Recording* rec, CallResult* fallback);
+  // Note [Publishing a node]
+  // The pool is checkpointed before the node is built and enters the tree: a checkpoint that
+  // throws (c10's refuses blocks with pending cross-stream events) leaves the tree exactly as it
+  // was, and the function runs eagerly from then on. The recording ran the function (CPU) or its
+  // graph (CUDA) once, for real: its results are this call's, so that the function's side effects
+  // (an in-place update of a static input, a collective) happen once. Nothing that can fail runs
+  // after the node is published.
   CallResult publish(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
                      Recording&& rec);
   CallResult replay(TreeNode& node, FunctionRecord& fn, const std::vector<at::Tensor>& inputs,

@@ -117,7 +117,7 @@ class TreeNode {
   TreeNode* parent() const { return parent_; }
 
   // Sets the node's checkpoint; once, before the node is reachable from the tree (Note
-  // [Publishing a node] in TreeManager.cpp).
+  // [Publishing a node] in TreeManager.h).
   void publish(NodeCheckpoint checkpoint);
   const NodeCheckpoint& checkpoint() const { return checkpoint_; }
   bool published() const { return checkpoint_.pool != nullptr; }
