@@ -48,8 +48,8 @@ struct ReplayLiveness {
 thread_local ReplayLiveness* tls_replay = nullptr;
 
 std::mutex& escapedMutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex();  // never destroyed, like the map it guards
+  return *m;
 }
 std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>& escaped() {
   static auto* owners = new std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>();

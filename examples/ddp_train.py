@@ -118,6 +118,12 @@ def main():
         raise SystemExit(f"[rank {rank}] parameters differ from ranks {differ}")
     if rank == 0:
         print(f"parameters agree across {world} ranks ({flat.numel()} values)", flush=True)
+    # Tear down in order while the process group lives: the compiled model and its graphs, the
+    # trees (their memory, and what the process group's threads may still hold of it), then
+    # the group.
+    del compiled, ddp, opt, data
+    graphtrees.reset()
+    dist.barrier()
     dist.destroy_process_group()
 
 
