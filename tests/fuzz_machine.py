@@ -18,6 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import graphtrees
 
+from helpers import as_list, value_or_none
+
 # (number of tensor arguments, function, options)
 FUNCS = [
     (1, lambda x: x + 1, {}),
@@ -37,19 +39,6 @@ POINTS = [
     "capture_end",
     "pool_alloc",
 ]
-
-
-def _outputs(r):
-    return list(r) if isinstance(r, tuple) else [r]
-
-
-def _valid(t):
-    """A copy of `t`'s value, or None if graphtrees says it was overwritten."""
-    try:
-        return t.clone()
-    except RuntimeError as e:
-        assert "overwritten" in str(e), str(e)
-        return None
 
 
 COUNTED = (
@@ -118,7 +107,7 @@ class TreeMachine(RuleBasedStateMachine):
             if t is None:
                 t = self._fresh(tuple(inputs[0].shape) if inputs else SHAPES[shape], seed + k)
             inputs.append(t)
-        values = [_valid(t) for t in inputs]
+        values = [value_or_none(t) for t in inputs]
         TreeMachine.steps += 1
         if any(v is None for v in values):
             # An overwritten input: the graphed call must refuse it, not compute on garbage.
@@ -128,8 +117,8 @@ class TreeMachine(RuleBasedStateMachine):
                 assert "overwritten" in str(e), str(e)
                 return
             raise AssertionError("a graphed call read an overwritten input without raising")
-        expected = _outputs(f(*values))
-        got = _outputs(self.graphed[fi](*inputs))
+        expected = as_list(f(*values))
+        got = as_list(self.graphed[fi](*inputs))
         assert len(got) == len(expected)
         for g, e in zip(got, expected):
             torch.testing.assert_close(g, e)
@@ -172,7 +161,7 @@ class TreeMachine(RuleBasedStateMachine):
             return
         still = []
         for t, e in self.held:
-            v = _valid(t)
+            v = value_or_none(t)
             if v is not None:
                 torch.testing.assert_close(v, e)
                 still.append((t, e))

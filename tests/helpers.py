@@ -45,3 +45,18 @@ def assert_overwritten(t):
         t + 1
     with pytest.raises(RuntimeError, match=r"\.clone\(\)"):
         t.sum()
+
+
+def as_list(result):
+    """A graphed function's result as a list of tensors (a tuple, or one tensor)."""
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+def value_or_none(t):
+    """A copy of `t`'s value, or None if graphtrees says it was overwritten (any other error
+    fails the caller)."""
+    try:
+        return t.clone()
+    except RuntimeError as e:
+        assert "overwritten" in str(e), str(e)
+        return None

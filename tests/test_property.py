@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import graphtrees
 from graphtrees import cudagraphify
 
-from helpers import assert_invariants
+from helpers import as_list, assert_invariants, value_or_none
 
 FUNCS = [
     (1, lambda x: x + 1),
@@ -58,18 +58,6 @@ op = st.one_of(
     st.tuples(st.just("mark_step")),
     st.tuples(st.just("reset")),
 )
-
-
-def _outputs(r):
-    return list(r) if isinstance(r, tuple) else [r]
-
-
-def _valid(t):
-    try:
-        return t.clone()
-    except RuntimeError as e:
-        assert "overwritten" in str(e), str(e)
-        return None
 
 
 COUNTERS = (
@@ -124,14 +112,14 @@ def run_program(device, program):
                     gen = torch.Generator().manual_seed(a[-1])
                     t = torch.randn(shape, generator=gen).to(device)
                 inputs.append(t)
-            values = [_valid(t) for t in inputs]
+            values = [value_or_none(t) for t in inputs]
             if any(v is None for v in values):
                 # An overwritten input: the graphed call must refuse it, not compute on garbage.
                 with pytest.raises(RuntimeError, match="overwritten"):
                     graphed[fi](*inputs)
                 continue
-            expected = _outputs(f(*values))
-            got = _outputs(graphed[fi](*inputs))
+            expected = as_list(f(*values))
+            got = as_list(graphed[fi](*inputs))
             assert len(got) == len(expected)
             for g, e in zip(got, expected):
                 torch.testing.assert_close(g, e)
@@ -145,7 +133,7 @@ def run_program(device, program):
             graphtrees.reset()
         still = []
         for t, e in held:
-            v = _valid(t)
+            v = value_or_none(t)
             if v is not None:
                 torch.testing.assert_close(v, e)
                 still.append((t, e))
