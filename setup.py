@@ -51,6 +51,7 @@ DEBUG = os.environ.get("DEBUG", "0") == "1"
 
 def get_extensions():
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
+    sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     cuda_sources = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
     with_cuda = FORCE_CUDA or (
         USE_CUDA and torch.version.cuda is not None and CUDA_HOME is not None

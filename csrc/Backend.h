@@ -92,6 +92,16 @@ class RestoreError : public std::runtime_error {
   bool pool_unchanged_;
 };
 
+// What a capture is asked to record.
+struct CaptureSpec {
+  std::string function_name;
+  // Generators passed as arguments: registered with the graph, so that its replays advance them.
+  std::vector<at::Generator> generators;
+  // Non-empty: the CPU emulation replays by re-running the function, for this reason
+  // (cpu_replay="python", a graph Inductor compiled); see Note [CPU graphs].
+  std::string python_replay;
+};
+
 // A recorded graph.
 class Graph {
  public:
@@ -107,6 +117,18 @@ class Graph {
   // Every byte range the recording wrote through the allocator (outputs and temporaries),
   // sorted and merged. A replay writes inside these ranges only.
   virtual const std::vector<Interval>& footprint() const = 0;
+  // How a CPU emulation graph replays: "program" (its recorded ops, run from C++) or "python"
+  // (the function run again); nullptr for a device graph.
+  virtual const char* cpuReplay() const { return nullptr; }
+  virtual bool replaysProgram() const { return false; }
+  // Runs `eager` (the function, eagerly, on `eager_inputs`: copies of a replay's inputs) and
+  // names the first recorded op whose non-tensor argument the eager run passes differently (a
+  // Python value the recording baked in); empty when none does or the graph cannot tell.
+  virtual std::string explainDifference(const std::function<void()>& eager,
+                                        const std::vector<at::Tensor>& /*eager_inputs*/) const {
+    eager();
+    return std::string();
+  }
 };
 
 class Backend {
@@ -131,12 +153,10 @@ class Backend {
 
   // Runs `run(inputs)` once while recording into the pool; `outputs` receives its result (real,
   // owning tensors that hold the recorded values). Throws what `run` throws, after undoing the
-  // capture, or CaptureRejected when the device refused to record it. `generators`: generators
-  // passed as arguments, registered with the graph so that its replays advance them.
+  // capture, or CaptureRejected when the device refused to record it.
   virtual std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
                                          std::vector<at::Tensor>* outputs,
-                                         const std::string& function_name,
-                                         const std::vector<at::Generator>& generators) = 0;
+                                         const CaptureSpec& spec) = 0;
 
   // Copies `src[i]` into `dst[i]` (placeholders) before a replay.
   virtual void copyInputs(const std::vector<at::Tensor>& dst,

@@ -1,7 +1,8 @@
 #include "BackendFactory.h"
 
-#include "CpuBackend.h"
-#include "CpuPool.h"
+#include "cpu/CpuBackend.h"
+#include "cpu/CpuPool.h"
+#include "cpu/HostSyncWatch.h"
 
 #ifdef GRAPHTREES_WITH_CUDA
 #include "cuda/CudaBackend.h"

@@ -23,7 +23,7 @@ std::vector<std::string> compiledBackends();
 std::string cudaBackendDisabledReason();
 
 // A host read that ATen does not dispatch (Tensor.tolist()), reported by the Python layer: the CPU
-// backend rejects a capture that makes one (Note [Rejected captures] in CpuBackend.cpp).
+// backend rejects a capture that makes one (Note [Rejected captures] in cpu/HostSyncWatch.cpp).
 void noteUndispatchedHostRead(const char* what);
 
 // For the tests: {pools alive, allocated blocks, reserved bytes} over every CPU pool, released

@@ -1,7 +1,9 @@
 #pragma once
 
 // Note [Collective buffers]
-// A CPU emulation replay re-runs the function. A c10d collective in it (gloo's) hands its tensors
+// A CPU emulation Python replay (Note [CPU graphs] in cpu/CpuGraph.h) re-runs the function; a
+// program replay waits for each collective's work and needs none of this. A c10d collective in a
+// re-run function (gloo's) hands its tensors
 // to the process group's worker thread, which drops its references some time after the collective
 // returned -- until the next collective arrives, under load. Whether the replay "kept" a tensor
 // must not depend on how fast that thread is: the storages passed to c10d ops during the replay

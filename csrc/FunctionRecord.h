@@ -4,12 +4,14 @@
 // wrapper, one per call signature), its state in one tree (FunctionState, CallableState), and
 // what one call did (CallResult).
 
+#include "Backend.h"
 #include "GraphOptions.h"
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -64,11 +66,21 @@ struct FunctionRecord {
   } cache;
 };
 
+// What a capture of `fn` is asked to record.
+inline CaptureSpec captureSpec(const FunctionRecord& fn) {
+  const bool python = fn.options != nullptr && fn.options->cpu_replay == CpuReplay::kPython;
+  return {fn.name, fn.generators,
+          python ? "cpu_replay='python' was passed (graphtrees.compile passes it for graphs "
+                   "Inductor compiled, whose CPU kernels are called outside the dispatcher)"
+                 : ""};
+}
+
 enum class RunKind { kEager, kWarmup, kRecord, kReplay };
 
 struct CallResult {
   std::vector<at::Tensor> outputs;
   RunKind kind = RunKind::kEager;
+  std::shared_ptr<const Graph> graph;  // a replay's graph
 };
 
 }  // namespace graphtrees

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace graphtrees {
 
@@ -15,12 +16,29 @@ int64_t intOption(const std::string& who, const char* name, const py::handle& va
                     py::repr(value).cast<std::string>());
   return value.cast<int64_t>();
 }
+// verify=True/False/"warn"; None (not given) takes GRAPHTREES_VERIFY ("1", "warn"; "0" or unset:
+// off).
+Verify verifyOption(const std::string& who, const py::object& value) {
+  if (value.is_none()) {
+    const char* env = std::getenv("GRAPHTREES_VERIFY");
+    const std::string e = env ? env : "";
+    TORCH_CHECK_VALUE(e.empty() || e == "0" || e == "1" || e == "warn",
+                      "GRAPHTREES_VERIFY must be 0, 1 or warn, got '", e, "'");
+    return e == "1" ? Verify::kRaise : (e == "warn" ? Verify::kWarn : Verify::kOff);
+  }
+  if (PyBool_Check(value.ptr())) return value.cast<bool>() ? Verify::kRaise : Verify::kOff;
+  const bool warn = py::isinstance<py::str>(value) && value.cast<std::string>() == "warn";
+  TORCH_CHECK_VALUE(warn, who, ": verify must be True, False or 'warn', got ",
+                    py::repr(value).cast<std::string>());
+  return Verify::kWarn;
+}
+
 }  // namespace
 
 const std::vector<std::string>& graphOptionNames() {
   static const std::vector<std::string> names = {
-      "static_argnums",      "warmup_iters", "rerecord_limit", "on_overwrite",
-      "max_recorded_shapes", "chain_limit",  "buckets",        "bucket_dim"};
+      "static_argnums", "warmup_iters", "rerecord_limit", "on_overwrite", "max_recorded_shapes",
+      "chain_limit",    "buckets",      "bucket_dim",     "cpu_replay",   "verify"};
   return names;
 }
 
@@ -82,6 +100,13 @@ GraphOptions validateOptions(const std::string& who, const py::dict& options,
     o.buckets.erase(std::unique(o.buckets.begin(), o.buckets.end()), o.buckets.end());
   }
   o.bucket_dim = intOption(who, "bucket_dim", get("bucket_dim", py::int_(0)), 0);
+  const py::object cpu_replay = get("cpu_replay", py::str("program"));
+  const std::string r = py::isinstance<py::str>(cpu_replay) ? cpu_replay.cast<std::string>() : "";
+  TORCH_CHECK_VALUE(r == "program" || r == "python", who,
+                    ": cpu_replay must be 'program' or 'python', got ",
+                    py::repr(cpu_replay).cast<std::string>());
+  o.cpu_replay = r == "python" ? CpuReplay::kPython : CpuReplay::kProgram;
+  o.verify = verifyOption(who, options.contains("verify") ? get("verify", py::none()) : py::none());
   return o;
 }
 
@@ -96,6 +121,9 @@ py::dict toDict(const GraphOptions& o) {
   d["buckets"] =
       o.buckets.empty() ? py::object(py::none()) : py::object(py::tuple(py::cast(o.buckets)));
   d["bucket_dim"] = o.bucket_dim;
+  d["cpu_replay"] = o.cpu_replay == CpuReplay::kPython ? "python" : "program";
+  d["verify"] = o.verify == Verify::kWarn ? py::object(py::str("warn"))
+                                          : py::object(py::bool_(o.verify == Verify::kRaise));
   return d;
 }
 

@@ -17,6 +17,13 @@ namespace py = pybind11;
 // [Output ownership] in LiveOutputs.h).
 enum class OnOverwrite : uint8_t { kRaise, kCopy };
 
+// cpu_replay=: how CPU emulation replays run (Note [CPU graphs] in cpu/CpuGraph.h).
+enum class CpuReplay : uint8_t { kProgram, kPython };
+
+// verify=: whether each replay is checked against an eager run (Note [Verified replays] in
+// Verifier.h); GRAPHTREES_VERIFY=1 (or "warn") sets the default for a process.
+enum class Verify : uint8_t { kOff, kRaise, kWarn };
+
 struct GraphOptions {
   std::vector<int64_t> static_argnums;
   int warmup_iters = 1;
@@ -27,6 +34,8 @@ struct GraphOptions {
   OnOverwrite on_overwrite = OnOverwrite::kRaise;
   std::vector<int64_t> buckets;  // sorted, unique; empty: no padding (Note [Buckets])
   int64_t bucket_dim = 0;
+  CpuReplay cpu_replay = CpuReplay::kProgram;
+  Verify verify = Verify::kOff;
 };
 
 // The option names, in the order cudagraphify's signature lists them.

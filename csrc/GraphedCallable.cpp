@@ -4,6 +4,7 @@
 #include "Logging.h"
 #include "ThreadState.h"
 #include "TreeRegistry.h"
+#include "Verifier.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <iterator>
 #include <mutex>
+#include <optional>
 
 namespace graphtrees {
 
@@ -355,6 +357,8 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     return outs;
   };
 
+  std::optional<ReplayVerifier> verifier;  // Note [Verified replays]
+  if (options_.verify != Verify::kOff) verifier.emplace(flat, device);
   CallResult r;
   TreeRegistry::Handle tree;
   try {
@@ -369,6 +373,13 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
   result = py::object();
   r.outputs.clear();
   tree->debugCheck(sig.record, r.kind);
+  if (verifier && r.kind == RunKind::kReplay) {
+    return verifier->check(fname, options_.verify, std::move(out), *r.graph,
+                           [&](const std::vector<at::Tensor>& copies) {
+                             auto rebuilt = rebuildArgs(args, kwargs, copies);
+                             return fn_(*rebuilt.first, **rebuilt.second);
+                           });
+  }
   return out;
 }
 

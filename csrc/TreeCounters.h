@@ -19,6 +19,7 @@ namespace graphtrees {
   _(num_warmups, "warmup runs")                                                                   \
   _(num_recordings, "recordings made")                                                            \
   _(num_replays, "replays")                                                                       \
+  _(num_program_replays, "CPU replays that ran the recorded op program (Note [CPU graphs])")      \
   _(num_invalidations, "live outputs invalidated because a later run reused their memory")        \
   _(num_evictions, "evictions of recordings (memory budget, max_recorded_shapes)")                \
   _(num_out_of_memory, "warmups and recordings that an allocation failure turned eager")          \

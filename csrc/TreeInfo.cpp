@@ -38,6 +38,7 @@ void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& p
     ni.live_outputs = live == live_per_node.end() ? 0 : live->second;
     ni.replays = n.replays();
     ni.on_current_path = std::find(path.begin(), path.end(), &n) != path.end();
+    if (const char* how = n.graph().cpuReplay()) ni.cpu_replay = how;
     out->push_back(std::move(ni));
     return true;
   });

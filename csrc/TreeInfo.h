@@ -26,6 +26,7 @@ struct NodeInfo {
   int64_t live_outputs = 0;
   int64_t replays = 0;
   bool on_current_path = false;
+  std::string cpu_replay;  // "program" or "python" (Note [CPU graphs]); empty on a device
 };
 
 struct TreeInfo {

@@ -30,8 +30,7 @@ bool copyOnOverwrite(const FunctionRecord& fn) {
 }
 
 std::string firstLine(const std::string& s) {
-  const size_t end = s.find('\n');
-  return end == std::string::npos ? s : s.substr(0, end);
+  return s.substr(0, s.find('\n'));
 }
 
 std::string whereOf(const TreeNode* node) {
@@ -437,7 +436,7 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     mutations.emplace(rec->inputs, rec->copied);
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
-    rec->graph = backend_->capture(run, rec->inputs, &rec->outputs, fn.name, fn.generators);
+    rec->graph = backend_->capture(run, rec->inputs, &rec->outputs, captureSpec(fn));
     mutated = mutations->firstMutated(&mutating_op);
   } catch (const c10::OutOfMemoryError& e) {
     *rec = Recording();
@@ -553,6 +552,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   bookkeeping_.markStale();
   backend_->copyInputs(node.placeholders(), sources);
   node.graph().replay(run, inputs, copied, node.placeholders());
+  counters_.num_program_replays += node.graph().replaysProgram() ? 1 : 0;
   std::vector<c10::Storage> storages;
   storages.reserve(node.slots().size());
   for (const auto& s : node.slots()) {
@@ -569,7 +569,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   // Outputs that alias an input this replay overwrote alias its clone instead.
   std::vector<at::Tensor> alias_inputs = inputs;
   for (size_t k = 0; k < copied.size(); ++k) alias_inputs[copied[k]] = sources[k];
-  return {node.buildOutputs(storages, alias_inputs), RunKind::kReplay};
+  return {node.buildOutputs(storages, alias_inputs), RunKind::kReplay, node.sharedGraph()};
 }
 
 TreeInfo TreeManager::snapshot() {

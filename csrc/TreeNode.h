@@ -145,6 +145,7 @@ class TreeNode {
         [](const c10::weak_intrusive_ptr<c10::StorageImpl>& w) { return w.expired(); });
   }
   Graph& graph() const { return *graph_; }
+  std::shared_ptr<const Graph> sharedGraph() const { return graph_; }
 
   // The key children are found by (Note [Matching a child]).
   static uint64_t hashKey(int64_t function_id, const std::vector<uintptr_t>& ptrs);
@@ -202,7 +203,7 @@ class TreeNode {
   // --- recorded state (filled by fromRecording(); the checkpoint by publish()) ---
   int64_t function_id_ = 0;
   std::string function_name_;
-  std::unique_ptr<Graph> graph_;
+  std::shared_ptr<Graph> graph_;
   std::vector<InputKind> input_kinds_;
   std::vector<int64_t> copied_inputs_;    // flat indices of copied inputs
   std::vector<at::Tensor> placeholders_;  // non-owning views, parallel to copied_inputs_

@@ -66,6 +66,7 @@ py::dict treeInfo(const py::handle& device_obj) {
     nd["live_outputs"] = n.live_outputs;
     nd["replays"] = n.replays;
     nd["on_current_path"] = n.on_current_path;
+    nd["cpu_replay"] = n.cpu_replay.empty() ? py::object(py::none()) : py::str(n.cpu_replay);
     nodes.append(nd);
   }
   d["nodes"] = nodes;

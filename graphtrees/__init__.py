@@ -17,9 +17,11 @@ from ._api import (
 )
 from ._dynamo_backend import SkipError, compile, make_backend
 from ._ext import has_ext
+from ._verify import ReplayMismatchError
 from ._version import __version__
 
 __all__ = [
+    "ReplayMismatchError",
     "SkipError",
     "check_pool_invariants",
     "compile",

@@ -31,6 +31,8 @@ def cudagraphify(
     buckets: Iterable[int] | None = None,
     bucket_dim: int = 0,
     max_recorded_shapes: int | None = None,
+    cpu_replay: str = "program",
+    verify: bool | str | None = None,
 ):
     """Wraps ``fn`` so that its calls are warmed up, recorded as graphs and replayed.
 
@@ -70,6 +72,18 @@ def cudagraphify(
             fit), the recorded ones are kept and new shapes run eagerly until a kept one goes
             unused for a while (logged once, with the advice to use ``buckets``). Default: no
             bound.
+        cpu_replay: how replays run on the CPU backend. ``"program"`` (default): the ops the
+            function dispatched while it was recorded run again from C++, and no Python runs,
+            exactly as a CUDA graph replay (Python attributes it read are baked, side effects
+            happen only in warmup and recording). ``"python"``: the function is run again. A
+            function whose recorded ops do not reproduce its recording falls back to
+            ``"python"`` by itself (logged once). ``tree_info()`` says which each node uses.
+        verify: check every replay against an eager run of the function on copies of its
+            inputs (from the same RNG state): ``True`` raises :class:`ReplayMismatchError` on a
+            mismatch (naming the output, the largest difference and, on CPU, the first recorded
+            op whose Python value changed); ``"warn"`` logs it once and returns the eager
+            result. Default: the ``GRAPHTREES_VERIFY`` environment variable (``1``, ``warn``),
+            else off. For finding baked values before production; it runs the function twice.
 
     Returns a callable with the same call signature and result structure as ``fn``.
     Calls that cannot be graphed (autograd needed, several devices, unsupported arguments) run
@@ -81,8 +95,9 @@ def cudagraphify(
     options = {k: given[k] for k in get_ext().graph_option_names if k in given}
     if options["buckets"] is not None:
         options["buckets"] = list(options["buckets"])
-    if options["max_recorded_shapes"] is None:
-        del options["max_recorded_shapes"]
+    for unset in ("max_recorded_shapes", "verify"):
+        if options[unset] is None:
+            del options[unset]
     if fn is None:
         return functools.partial(cudagraphify, name=name, **options)
     module = fn if isinstance(fn, torch.nn.Module) else None

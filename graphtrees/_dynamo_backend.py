@@ -115,6 +115,7 @@ class _Options:
     inner_options: dict | None = None
     on_overwrite: str = "raise"
     chain_limit: int = 16
+    verify: bool | str | None = None
 
     def __post_init__(self):
         if self.inner not in _INNER:
@@ -134,7 +135,13 @@ class _Options:
 
     @property
     def graph_options(self) -> dict:
-        return {k: getattr(self, k) for k in _GRAPH_OPTIONS}
+        options = {k: getattr(self, k) for k in _GRAPH_OPTIONS}
+        if self.verify is not None:
+            options["verify"] = self.verify
+        # Inductor's CPU kernels are called outside the dispatcher, so a recorded op program
+        # would miss them: graphs it compiled re-run on CPU replays (Note [CPU graphs]).
+        options["cpu_replay"] = "python" if self.inner == "inductor" else "program"
+        return options
 
 
 # The backend's options that are graph options (graphtrees._C.graph_option_names).
@@ -218,7 +225,7 @@ def _wrap(
 def make_backend(**options) -> Callable:
     """A dynamo backend (for ``torch.compile(backend=...)``) with graphtrees options:
     inner ("inductor" or "aot_eager"), max_recorded_shapes, strict, warmup_iters,
-    rerecord_limit, inner_options (Inductor config options), on_overwrite, chain_limit."""
+    rerecord_limit, inner_options (Inductor config options), on_overwrite, chain_limit, verify."""
     opts = _Options(**options)
 
     def graphtrees_backend(
@@ -333,8 +340,10 @@ def compile(model: Callable | None = None, *, inner: str = "inductor", **options
         max_recorded_shapes: recordings per compiled graph (one per distinct input shape);
             past it the least recently used one is evicted (logged, counted in tree_info).
         strict: raise instead of running a graph eagerly when it cannot be recorded.
-        warmup_iters, rerecord_limit, on_overwrite, chain_limit: as for
-            :func:`graphtrees.cudagraphify`.
+        warmup_iters, rerecord_limit, on_overwrite, chain_limit, verify: as for
+            :func:`graphtrees.cudagraphify`. On the CPU backend, graphs compiled by Inductor
+            replay by running them again (``cpu_replay="python"``: Inductor's CPU kernels are
+            called outside the dispatcher); aot_eager graphs replay their recorded ops.
         inner_options: Inductor config options for the inner compiler (``torch._inductor.config``
             names, e.g. ``{"max_autotune": True}``); inner="inductor" only.
         fullgraph, dynamic, disable, mode: passed to ``torch.compile``. ``mode`` None,

@@ -53,8 +53,8 @@ def _watched_tolist(self, *args, **kwargs):
 
 
 def _capture_scope():
-    """Entered around every capture (see Note [Rejected captures] in csrc/CpuBackend.cpp): the
-    garbage collector is paused, so that no finalizer frees pool memory mid-capture, and
+    """Entered around every capture (see Note [Rejected captures] in csrc/cpu/HostSyncWatch.cpp):
+    the garbage collector is paused, so that no finalizer frees pool memory mid-capture, and
     Tensor.tolist() -- a host read that ATen does not dispatch -- is watched on this thread.
     Returns the function that leaves the scope."""
     import gc

@@ -93,12 +93,13 @@ def _summary(info):
         "num_warmups",
         "num_recordings",
         "num_replays",
+        "num_program_replays",
         "num_fallbacks",
         "num_rerecords",
     )
     out = {k: info[k] for k in keys}
     out["nodes"] = [
-        {k: n[k] for k in ("id", "parent", "function", "input_kinds", "replays")}
+        {k: n[k] for k in ("id", "parent", "function", "input_kinds", "replays", "cpu_replay")}
         for n in info["nodes"]
     ]
     return out
@@ -460,8 +461,9 @@ def fsdp2_training(rank, world_size, steps=8):
 
 def collectives_under_load(rank, world_size, calls=1000):
     """Temporaries passed to collectives and not returned (gloo's worker thread drops its
-    references to them when it likes): every replay must pass the kept-tensor check whatever the
-    timing (Note [Collective buffers] in csrc/CollectiveBuffers.h)."""
+    references to them when it likes): every Python replay (the one that re-runs the function and
+    checks what it kept) must pass the kept-tensor check whatever the timing (Note [Collective
+    buffers] in csrc/CollectiveBuffers.h)."""
     import torch
     import torch.distributed as dist
 
@@ -477,8 +479,8 @@ def collectives_under_load(rank, world_size, calls=1000):
         _gather(out, t * 3)  # t * 3 is a temporary the function does not return
         return out
 
-    f = graphtrees.cudagraphify(reduce_fn, name=f"reduce_rank{rank}")
-    g = graphtrees.cudagraphify(gather_fn, name=f"gather_rank{rank}")
+    f = graphtrees.cudagraphify(reduce_fn, name=f"reduce_rank{rank}", cpu_replay="python")
+    g = graphtrees.cudagraphify(gather_fn, name=f"gather_rank{rank}", cpu_replay="python")
     with torch.no_grad():
         for i in range(calls):
             t = torch.full((4,), float(i + rank))

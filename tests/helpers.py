@@ -13,9 +13,19 @@ def info(device):
     return graphtrees.tree_info(device)
 
 
-def replays_run_python(device):
-    """The CPU emulation re-runs the callable on replay; a CUDA graph does not."""
-    return torch.device(device).type == "cpu"
+def cpu_replays(device):
+    """How each node of the device's tree replays on CPU ("program" or "python"); [] on CUDA."""
+    return [n["cpu_replay"] for n in info(device)["nodes"] if n["cpu_replay"] is not None]
+
+
+def assert_replays_ran_programs(device):
+    """On CPU, every node replays its recorded op program and every replay ran one (Note [CPU
+    graphs]): the test's results came from replays that run no Python, as on a GPU."""
+    if torch.device(device).type != "cpu":
+        return
+    t = info(device)
+    assert cpu_replays(device) and set(cpu_replays(device)) == {"program"}, cpu_replays(device)
+    assert t["num_program_replays"] == t["num_replays"] > 0, t
 
 
 def pool_allocated_blocks(device):

@@ -10,7 +10,7 @@ import torch
 
 import graphtrees
 
-from helpers import assert_invariants, info
+from helpers import assert_invariants, assert_replays_ran_programs, cpu_replays, info
 
 
 @pytest.fixture(autouse=True)
@@ -91,6 +91,7 @@ def test_training_matches_eager(device):
     assert recordings[1] == 2 and recordings[-1] == 2  # nothing recorded after the warm-up steps
     assert t["num_replays"] == 2 * 18 and t["num_fallbacks"] == 0
     assert len(nodes) == 2
+    assert_replays_ran_programs(device)  # the forward and the backward: recorded ops, no Python
 
 
 @pytest.mark.parametrize(
@@ -432,6 +433,9 @@ def test_sliced_input_keeps_its_strides(device, inner):
             tokens = torch.randint(0, 50, (8, 33), device=device)
             torch.testing.assert_close(compiled(tokens[:, :-1]), model(tokens[:, :-1]))
     assert info(device)["num_replays"] >= 2
+    if device == "cpu":
+        # Inductor's CPU kernels are called outside the dispatcher: its graphs re-run on replay.
+        assert set(cpu_replays(device)) == {"python" if inner == "inductor" else "program"}
 
 
 def test_modes_torch_compile_users_pass_are_accepted(device, caplog):

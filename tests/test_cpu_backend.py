@@ -15,9 +15,10 @@ pytestmark = pytest.mark.usefixtures("no_grad")
 
 
 # Control flow on tensor values (`if x.sum() > 0`) is a host sync: the recording is rejected and
-# the function runs eagerly (tests/test_hardening.py). The replay checks below catch what is left:
-# control flow on Python state that changes between calls, which a CUDA graph would silently
-# ignore and the CPU replay reports.
+# the function runs eagerly (tests/test_hardening.py). Control flow on Python state that changes
+# between calls is baked by a program replay, as by a CUDA graph (tests/test_cpu_graphs.py;
+# verify=True reports it). The Python replay (cpu_replay="python") runs the function again, and
+# the checks below catch where that run leaves the recording.
 
 
 def test_data_dependent_control_flow_raises_a_clear_error():
@@ -28,7 +29,7 @@ def test_data_dependent_control_flow_raises_a_clear_error():
             return x * 2
         return torch.cat([x, x])[: x.shape[0]] + 1
 
-    g = cudagraphify(branchy)
+    g = cudagraphify(branchy, cpu_replay="python")
     pos = torch.ones(8)
     for _ in range(3):
         torch.testing.assert_close(g(pos), pos * 2)
@@ -55,7 +56,7 @@ def test_replay_with_fewer_allocations_raises():
             y = y * 2  # one more allocation
         return y
 
-    g = cudagraphify(f)
+    g = cudagraphify(f, cpu_replay="python")
     x = torch.ones(4)
     for _ in range(3):
         g(x)
@@ -80,8 +81,8 @@ def test_routing_is_confined_to_the_calling_thread():
     for _ in range(3):
         g(x)
     # Tensors allocated by the other thread during warmup and capture are not in the pool: the
-    # pool's blocks are exactly the tracked outputs.
-    assert len(kept) == 3
+    # pool's blocks are exactly the tracked outputs. (The replay runs no Python: no third one.)
+    assert len(kept) == 2
     assert_invariants("cpu")
 
 
@@ -110,7 +111,8 @@ def test_state_created_lazily_by_a_warmup_moves_out_of_the_pool(tree_logs):
 
 def test_state_created_and_kept_by_a_recording_gives_a_clear_error():
     # Only warmups may create state: a recording's memory belongs to the graph. On the CPU
-    # emulation the replay that no longer creates it is caught; on CUDA the next restore is.
+    # emulation's Python replay the replay that no longer creates it is caught; with a program
+    # replay, as on CUDA, the next restore is.
     graphtrees._ext.get_ext()._set_debug_checks(False)
     cache, calls = [], []
 
@@ -121,7 +123,7 @@ def test_state_created_and_kept_by_a_recording_gives_a_clear_error():
             cache.append(y * 3)  # created by the recording, kept, never returned
         return y
 
-    g = cudagraphify(f)
+    g = cudagraphify(f, cpu_replay="python")
     x = torch.ones(4)
     g(x)
     g(x)
@@ -139,7 +141,7 @@ def test_tensor_kept_by_every_run_is_refused_on_replay():
         stash.append(y * 3)  # kept on every call
         return y
 
-    g = cudagraphify(f)
+    g = cudagraphify(f, cpu_replay="python")  # a program replay runs no Python: keeps nothing
     x = torch.ones(4)
     g(x)
     g(x)
@@ -213,7 +215,7 @@ def test_data_dependent_output_shape_raises():
         t = x * 2
         return t[: keep["k"]]
 
-    g = cudagraphify(f)
+    g = cudagraphify(f, cpu_replay="python")
     a = torch.tensor([1.0, 2.0, 3.0, -1.0, -2.0])
     for _ in range(3):
         torch.testing.assert_close(g(a), f(a))
@@ -234,7 +236,7 @@ def test_data_dependent_temporary_lifetime_raises():
         b = x.flip(0) + 0
         return b + (keep if keep is not None else x)
 
-    g = cudagraphify(f)
+    g = cudagraphify(f, cpu_replay="python")
     neg = -torch.arange(1.0, 9.0)
     for _ in range(3):
         mark_step_begin()

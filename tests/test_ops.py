@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from graphtrees import cudagraphify
 
-from helpers import assert_invariants, info
+from helpers import assert_invariants, assert_replays_ran_programs, info
 
 
 class Vision(torch.nn.Module):
@@ -72,5 +72,6 @@ def test_model_ops_replay_like_eager(device, name, mode):
             args = _inputs(name, device, step)
             torch.testing.assert_close(f(*args), model(*args))
     assert info(device)["num_replays"] == 3
+    assert_replays_ran_programs(device)
     assert [s["eager_reason"] for s in f.signatures()] == [None]
     assert_invariants(device)

@@ -285,8 +285,8 @@ void CudaBackend::abandonCapture(std::unique_ptr<TreeGraph> graph, int uses_befo
 
 std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
                                             std::vector<at::Tensor>* outputs,
-                                            const std::string& function_name,
-                                            const std::vector<at::Generator>& generators) {
+                                            const CaptureSpec& spec) {
+  const std::string& function_name = spec.function_name;
   DeviceLock lock(device_.index());  // Note [One allocation phase per device]
   c10::cuda::CUDAGuard guard(device_.index());
   syncPoolStreams();
@@ -301,7 +301,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
   }
   const int uses_before = CCA::getPoolUseCount(device_.index(), pool_);
   auto graph = std::make_unique<TreeGraph>();
-  graph->registerGenerators(generators, device_.index());  // Note [Generators and captures]
+  graph->registerGenerators(spec.generators, device_.index());  // Note [Generators and captures]
   std::exception_ptr user_error;
   std::string rejected;
   {

@@ -51,8 +51,8 @@ class CudaBackend final : public Backend {
   void beginAllocateToPool() override;
   void endAllocateToPool() override;
   std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
-                                 std::vector<at::Tensor>* outputs, const std::string& function_name,
-                                 const std::vector<at::Generator>& generators) override;
+                                 std::vector<at::Tensor>* outputs,
+                                 const CaptureSpec& spec) override;
   void copyInputs(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override;
   std::shared_ptr<Checkpoint> checkpoint() override;
   RestoreResult restore(const Checkpoint& checkpoint) override;

@@ -8,7 +8,7 @@ import torch
 
 import graphtrees
 
-from helpers import assert_invariants, info
+from helpers import assert_invariants, assert_replays_ran_programs, info
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -73,6 +73,7 @@ def test_guided_sampling_through_cudagraphify(device):
         torch.testing.assert_close(sample(graphed, cond, uncond), ref)
     t = info(device)
     assert t["num_replays"] >= 20 and t["num_fallbacks"] == 0
+    assert_replays_ran_programs(device)
     assert graphed.signatures()[0]["eager_reason"] is None
     assert_invariants(device)
 

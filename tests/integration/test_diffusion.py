@@ -10,7 +10,7 @@ import torch
 
 import graphtrees
 
-from helpers import ROOT, assert_invariants, info
+from helpers import ROOT, assert_invariants, assert_replays_ran_programs, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -38,6 +38,7 @@ def test_guided_sampling_matches_eager(device):
         torch.testing.assert_close(out, ref)
     t = info(device)
     assert t["num_replays"] > 20 and t["num_migrations"] > 0
+    assert_replays_ran_programs(device)
     # Both branches hang off the same g1 node of the tree.
     parents = {}
     for n in t["nodes"]:

@@ -5,7 +5,7 @@ import torch
 
 import graphtrees
 
-from helpers import assert_invariants, info
+from helpers import assert_invariants, assert_replays_ran_programs, info
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -21,4 +21,5 @@ def test_resnet18_three_batch_sizes_under_inference_mode(device):
     assert len(g.signatures()) == 3
     assert all(s["eager_reason"] is None for s in g.signatures())
     assert info(device)["num_replays"] == 3
+    assert_replays_ran_programs(device)
     assert_invariants(device)

@@ -7,7 +7,7 @@ import torch
 
 import graphtrees
 
-from helpers import info
+from helpers import assert_replays_ran_programs, info
 
 transformers = pytest.importorskip("transformers")
 
@@ -77,6 +77,7 @@ def test_static_cache_decoding_matches_generate(device):
             logits = decode(nxt, torch.tensor([tokens.shape[1] - 1], device=device))
         assert torch.equal(tokens, ref), (attempt, tokens, ref)
     assert info(device)["num_replays"] > new_tokens
+    assert_replays_ran_programs(device)
 
 
 def test_generate_with_compile_config_replays_on_its_hundredth_call(device):

@@ -1,4 +1,4 @@
-#include "CpuPool.h"
+#include "cpu/CpuPool.h"
 
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>

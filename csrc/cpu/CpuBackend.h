@@ -13,9 +13,10 @@
 //     addresses with no allocator accounting. A size that differs from the recording
 //     (data-dependent control flow or shapes) is an error that names the function and the
 //     allocation.
-// Capture runs the callable once; replay re-runs it in replay mode, so its outputs land exactly
-// where the recording's did. What a CUDA capture would reject, a CPU capture rejects too (Note
-// [Rejected captures] in CpuBackend.cpp).
+// Capture runs the callable once and records the ops it dispatches; a replay runs those ops
+// again from C++ in replay mode (Note [CPU graphs] in cpu/CpuGraph.h), so its outputs land
+// exactly where the recording's did. What a CUDA capture would reject, a CPU capture rejects too
+// (Note [Rejected captures] in cpu/HostSyncWatch.cpp).
 
 #include "Backend.h"
 
@@ -34,10 +35,10 @@ class CpuBackend final : public Backend {
   void releasePool() override;
   void beginAllocateToPool() override;
   void endAllocateToPool() override;
-  // `generators` need no registration: a replay re-runs the function, which draws from them.
+  // `spec.generators` need no registration: a replay's ops draw from them.
   std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
-                                 std::vector<at::Tensor>* outputs, const std::string& function_name,
-                                 const std::vector<at::Generator>& generators) override;
+                                 std::vector<at::Tensor>* outputs,
+                                 const CaptureSpec& spec) override;
   void copyInputs(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override;
   std::shared_ptr<Checkpoint> checkpoint() override;
   RestoreResult restore(const Checkpoint& checkpoint) override;
@@ -58,9 +59,5 @@ class CpuBackend final : public Backend {
   CpuPool* pool_;          // owned; released by releasePool() or the destructor
   bool poisoned_ = false;  // a failed restore left the pool's bookkeeping inconsistent
 };
-
-// Reports a host read that ATen does not dispatch (Tensor.tolist()) on the calling thread: during
-// a CPU capture it rejects the recording (Note [Rejected captures]); elsewhere it does nothing.
-void noteHostSync(const char* what);
 
 }  // namespace graphtrees

@@ -1,0 +1,231 @@
+#include "cpu/CpuGraph.h"
+
+#include "AutocastState.h"
+#include "CollectiveBuffers.h"
+#include "PythonHooks.h"
+#include "ThreadState.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <mutex>
+
+namespace graphtrees {
+
+namespace {
+
+// Contiguous copies compared byte for byte (NaNs included).
+bool sameBytes(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
+  const at::Tensor ca = a.contiguous();
+  const at::Tensor cb = b.contiguous();
+  return std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
+}
+
+std::vector<uint8_t> bytesOf(uintptr_t begin, uintptr_t end) {
+  const auto* p = reinterpret_cast<const uint8_t*>(begin);
+  return std::vector<uint8_t>(p, p + (end - begin));
+}
+
+std::string firstLine(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
+
+}  // namespace
+
+OutputLayout layoutOf(const at::Tensor& t) {
+  return {t.storage().data(), t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+}
+
+RngStates::RngStates(const std::vector<at::Generator>& generators) {
+  std::vector<at::Generator> all{at::detail::getDefaultCPUGenerator()};
+  all.insert(all.end(), generators.begin(), generators.end());
+  for (auto& g : all) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    states_.emplace_back(g, g.get_state());
+  }
+}
+
+void RngStates::restore() const {
+  for (auto s : states_) {  // a Generator is a handle: the copy sets the generator's state
+    std::lock_guard<std::mutex> lock(s.first.mutex());
+    s.first.set_state(s.second);
+  }
+}
+
+CpuGraph::CpuGraph(std::vector<Allocation> allocations, std::vector<OutputLayout> outputs,
+                   std::string name, bool uses_collectives, std::unique_ptr<OpProgram> program)
+    : uses_collectives_(uses_collectives),
+      allocations_(std::move(allocations)),
+      footprint_(footprintOf(allocations_)),
+      outputs_(std::move(outputs)),
+      name_(std::move(name)),
+      program_(std::move(program)) {
+  for (const auto& o : outputs_) output_storages_.insert(reinterpret_cast<uintptr_t>(o.storage));
+}
+
+void CpuGraph::replay(const RunFn& run, const std::vector<at::Tensor>& call_inputs,
+                      const std::vector<int64_t>& copied,
+                      const std::vector<at::Tensor>& placeholders) {
+  std::vector<at::Tensor> inputs = call_inputs;  // the recording's addresses for copied inputs
+  for (size_t k = 0; k < copied.size(); ++k) inputs[copied[k]] = placeholders[k];
+  if (program_) {
+    replayProgram(inputs);
+  } else {
+    replayPython(run, inputs);
+  }
+}
+
+void CpuGraph::replayProgram(const std::vector<at::Tensor>& inputs) {
+  RouteState st;
+  st.mode = RouteMode::kReplay;
+  st.recorded = &allocations_;
+  st.function_name = &name_;
+  st.liveness = std::make_shared<ReplayLiveness>();
+  ReplayScope replay_scope(st.liveness);
+  AutocastCacheOff no_cast_cache;  // as it ran when captured (Note [Autocast and recordings])
+  RouteGuard guard(&st);
+  runBlocking([&] { program_->run(inputs, &st, name_); });  // no Python: the GIL is released
+}
+
+void CpuGraph::replayPython(const RunFn& run, const std::vector<at::Tensor>& inputs) {
+  RouteState st;
+  st.mode = RouteMode::kReplay;
+  st.recorded = &allocations_;
+  st.function_name = &name_;
+  st.liveness = std::make_shared<ReplayLiveness>();
+  ReplayScope replay_scope(st.liveness);
+  std::vector<at::Tensor> outputs;
+  CollectiveBuffers collective_buffers(uses_collectives_);
+  {
+    RouteGuard guard(&st);
+    RecordingGraphScope recording;   // the recorded function runs again, as it was captured
+    AutocastCacheOff no_cast_cache;  // as it ran when captured (Note [Autocast and recordings])
+    outputs = run(inputs);
+  }
+  if (st.divergence.empty() && st.cursor != allocations_.size()) {
+    st.divergence = "the replay made " + std::to_string(st.cursor) +
+                    " allocations where the recording made " + std::to_string(allocations_.size());
+  }
+  // The outputs must come back where and as the recording's did: the tree rebuilds them from
+  // the recording's metadata (as a CUDA graph replay would).
+  for (size_t i = 0; st.divergence.empty() && i < outputs.size(); ++i) {
+    const OutputLayout now = layoutOf(outputs[i]);
+    const OutputLayout& then = outputs_[i];
+    if (now.storage != then.storage) {
+      st.divergence = "output " + std::to_string(i) +
+                      " came back at another address (the order of its allocations changed)";
+    } else if (now.sizes != then.sizes || now.strides != then.strides ||
+               now.storage_offset != then.storage_offset) {
+      st.divergence = "output " + std::to_string(i) + " has shape " +
+                      c10::str(c10::IntArrayRef(now.sizes)) + " where the recording's had " +
+                      c10::str(c10::IntArrayRef(then.sizes)) +
+                      " (its shape or layout depends on the input values)";
+    }
+  }
+  if (st.divergence.empty() && outputs.size() != outputs_.size()) {
+    st.divergence = "it returned " + std::to_string(outputs.size()) +
+                    " tensors where the recording returned " + std::to_string(outputs_.size());
+  }
+  TORCH_CHECK(st.divergence.empty(), "graphtrees: the replay of '", name_,
+              "' diverged from its recording: ", st.divergence,
+              ". It depends on the input values (data-dependent control flow, shapes or "
+              "lifetimes), which a recorded graph cannot reproduce.");
+  // Anything still alive that is not an output was kept by the function (on a module, in a
+  // global): the next run would overwrite it without anyone knowing.
+  outputs.clear();
+  size_t kept = 0;  // Note [Collective buffers]: a collective's are not kept
+  {
+    std::lock_guard<std::mutex> lock(st.liveness->mutex);
+    for (const auto& kv : st.liveness->alive) {
+      kept += output_storages_.count(kv.first) || collective_buffers.contains(kv.first) ? 0 : 1;
+    }
+  }
+  TORCH_CHECK(kept == 0, "graphtrees: the replay of '", name_, "' kept ", kept,
+              " tensor(s) it allocated without returning them (for example a cache stored on a "
+              "module or in a global). Their memory belongs to the graph and is overwritten by "
+              "the next run. Create such state before wrapping the function, or return it.");
+}
+
+std::string CpuGraph::explainDifference(const std::function<void()>& eager,
+                                        const std::vector<at::Tensor>& eager_inputs) const {
+  if (!program_) {
+    eager();
+    return std::string();
+  }
+  ProgramRecorder trace(eager_inputs, /*allocations=*/nullptr, /*pool=*/nullptr);
+  eager();
+  std::string why;
+  const auto traced = trace.finish(&why);
+  return traced ? program_->firstDifference(*traced) : std::string();
+}
+
+std::string proveProgram(const OpProgram& program, const std::vector<at::Tensor>& inputs,
+                         const std::vector<at::Tensor>& outputs,
+                         const std::vector<Allocation>& allocations,
+                         const std::vector<ProgramRecorder::SavedStorage>& saved,
+                         const RngStates& at_start, const std::vector<at::Generator>& generators,
+                         const std::string& function_name) {
+  RouteSuspended outside_the_pool;  // the copies below are graphtrees' own
+  // What the capture left: its outputs, the memory it wrote, the storages it wrote but did not
+  // make, the RNG.
+  std::vector<at::Tensor> expected;
+  expected.reserve(outputs.size());
+  for (const auto& o : outputs) expected.push_back(o.clone());
+  const std::vector<Interval> written = footprintOf(allocations);
+  std::vector<std::vector<uint8_t>> written_bytes;
+  for (const auto& iv : written) written_bytes.push_back(bytesOf(iv.begin, iv.end));
+  std::vector<std::vector<uint8_t>> saved_after;
+  for (const auto& s : saved) {
+    const auto begin = reinterpret_cast<uintptr_t>(s.storage.data());
+    saved_after.push_back(bytesOf(begin, begin + s.before.size()));
+  }
+  const RngStates at_end(generators);
+  // Everything the program should compute is scribbled over; everything it reads is as it was
+  // when the capture started.
+  for (const auto& iv : written)
+    std::memset(reinterpret_cast<void*>(iv.begin), 0xA5, iv.end - iv.begin);
+  for (const auto& s : saved)
+    std::memcpy(s.storage.mutable_data(), s.before.data(), s.before.size());
+  at_start.restore();
+  std::string why;
+  try {
+    RouteState st;
+    st.mode = RouteMode::kReplay;
+    st.recorded = &allocations;
+    st.function_name = &function_name;
+    st.liveness = std::make_shared<ReplayLiveness>();
+    ReplayScope replay_scope(st.liveness);
+    AutocastCacheOff no_cast_cache;
+    RouteGuard guard(&st);
+    program.run(inputs, &st, function_name);
+  } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    why = "running it raised: " +
+          firstLine(c10_error ? c10_error->what_without_backtrace() : e.what());
+  }
+  for (size_t i = 0; why.empty() && i < outputs.size(); ++i) {
+    if (!sameBytes(outputs[i], expected[i])) {
+      why = "output " + std::to_string(i) + " differed from the recording's";
+    }
+  }
+  for (size_t k = 0; why.empty() && k < saved.size(); ++k) {
+    if (std::memcmp(saved[k].storage.data(), saved_after[k].data(), saved_after[k].size()) != 0) {
+      why = "a tensor it writes in place ended with other values than in the recording";
+    }
+  }
+  // Put back what the capture left.
+  for (size_t k = 0; k < written.size(); ++k) {
+    std::memcpy(reinterpret_cast<void*>(written[k].begin), written_bytes[k].data(),
+                written_bytes[k].size());
+  }
+  for (size_t k = 0; k < saved.size(); ++k) {
+    std::memcpy(saved[k].storage.mutable_data(), saved_after[k].data(), saved_after[k].size());
+  }
+  at_end.restore();
+  return why;
+}
+
+}  // namespace graphtrees

@@ -1,0 +1,93 @@
+#include "cpu/HostSyncWatch.h"
+
+#include "CollectiveBuffers.h"
+
+#include <cstring>
+#include <unordered_map>
+
+namespace graphtrees {
+
+// Note [Rejected captures]
+// A CUDA stream capture fails when the function synchronises with the host (.item(), bool() of a
+// tensor, .tolist(), printing, nonzero and boolean-mask indexing, unique, torch.equal, ...). The
+// CPU emulation could record such a function without complaint (its op program bakes whatever
+// the host read, its Python replay would re-read it), so a test passing on CPU would say nothing
+// about CUDA. During a CPU capture a thread-local RecordFunction observer therefore watches the
+// ops the function dispatches (nested ones included) and Tensor.tolist(), which ATen does not
+// dispatch, is reported by the Python layer through noteHostSync(). Any of them makes the capture
+// rejected exactly like a CUDA one: capture() throws CaptureRejected and the tree runs the
+// function eagerly from then on (a capture that ran to its end hands its real results over, so
+// this call does not run it twice). Ops whose CPU kernels read values where their CUDA kernels do
+// not (_assert_async) are exempt, with everything they call.
+
+namespace {
+
+thread_local HostSyncWatch* tls_watch = nullptr;
+
+const char* hostSyncDescription(const char* op) {
+  static const std::unordered_map<std::string, const char*> ops = {
+      {"aten::item", ".item(), or int()/float() of a tensor"},
+      {"aten::is_nonzero", "bool() of a tensor, e.g. `if tensor:`"},
+      {"aten::_local_scalar_dense", "reading a tensor's value on the host (.item(), bool(), ...)"},
+      {"aten::nonzero", "nonzero(), torch.where(cond) or indexing with a boolean mask"},
+      {"aten::argwhere", "argwhere()"},
+      {"aten::masked_select", "masked_select() (also used when a tensor is printed)"},
+      {"aten::_unique", "unique()"},
+      {"aten::_unique2", "unique()"},
+      {"aten::unique_dim", "unique(dim=...)"},
+      {"aten::unique_consecutive", "unique_consecutive()"},
+      {"aten::unique_dim_consecutive", "unique_consecutive(dim=...)"},
+      {"aten::equal", "torch.equal()"},
+      {"c10d::barrier",
+       "torch.distributed.barrier() (it blocks the host until every rank arrives)"},
+      {"c10d::monitored_barrier_", "torch.distributed.monitored_barrier() (it blocks the host)"},
+  };
+  auto it = ops.find(op);
+  return it == ops.end() ? nullptr : it->second;
+}
+
+bool exemptFromHostSyncWatch(const char* op) {
+  return std::strcmp(op, "aten::_assert_async") == 0 ||
+         std::strcmp(op, "aten::_functional_assert_async") == 0;
+}
+
+std::unique_ptr<at::ObserverContext> watchOpStart(const at::RecordFunction& fn) {
+  HostSyncWatch* w = tls_watch;
+  if (w == nullptr) return nullptr;
+  const char* op = fn.name();
+  w->collectives = w->collectives || CollectiveBuffers::isCollective(op);
+  if (exemptFromHostSyncWatch(op)) {
+    w->exempt_depth++;
+  } else if (w->exempt_depth == 0 && w->first.empty()) {
+    if (const char* what = hostSyncDescription(op)) w->first = std::string(op) + " (" + what + ")";
+  }
+  return nullptr;
+}
+
+void watchOpEnd(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
+  HostSyncWatch* w = tls_watch;
+  if (w != nullptr && exemptFromHostSyncWatch(fn.name()) && w->exempt_depth > 0) w->exempt_depth--;
+}
+
+}  // namespace
+
+HostSyncWatchGuard::HostSyncWatchGuard(HostSyncWatch* watch)
+    : prev_(tls_watch),
+      handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&watchOpStart, &watchOpEnd)
+                                             .needsInputs(false)
+                                             .needsOutputs(false)
+                                             .scopes({at::RecordScope::FUNCTION}))) {
+  tls_watch = watch;
+}
+
+HostSyncWatchGuard::~HostSyncWatchGuard() {
+  tls_watch = prev_;
+  at::removeCallback(handle_);
+}
+
+void noteHostSync(const char* what) {
+  HostSyncWatch* w = tls_watch;
+  if (w != nullptr && w->exempt_depth == 0 && w->first.empty()) w->first = what;
+}
+
+}  // namespace graphtrees

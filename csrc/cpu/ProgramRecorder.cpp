@@ -1,0 +1,273 @@
+#include "cpu/ProgramRecorder.h"
+
+#include "cpu/CpuPool.h"
+
+#include <ATen/ScalarOps.h>
+#include <ATen/core/class_type.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+namespace graphtrees {
+
+namespace {
+
+thread_local ProgramRecorder* tls_recorder = nullptr;
+
+// The value of a wrapped number (a 0-dim tensor ATen made from a Python number), read without
+// dispatching an op (.item() would be a host read of its own).
+std::optional<c10::Scalar> wrappedValue(const at::Tensor& t) {
+  const void* p = t.const_data_ptr();
+  switch (t.scalar_type()) {
+    case at::kDouble:
+      return c10::Scalar(*static_cast<const double*>(p));
+    case at::kLong:
+      return c10::Scalar(*static_cast<const int64_t*>(p));
+    case at::kBool:
+      return c10::Scalar(*static_cast<const bool*>(p));
+    case at::kComplexDouble:
+      return c10::Scalar(*static_cast<const c10::complex<double>*>(p));
+    default:
+      return std::nullopt;
+  }
+}
+
+bool isWork(const c10::IValue& v) {
+  if (!v.isObject()) return false;
+  const auto name = v.toObjectRef().type()->name();
+  return name && name->qualifiedName() == "__torch__.torch.classes.c10d.Work";
+}
+
+bool containsTensor(const c10::IValue& v) {
+  bool found = false;
+  v.visit([&](const c10::IValue& e) {
+    found = found || e.isTensor();
+    return found;
+  });
+  return found;
+}
+
+}  // namespace
+
+ProgramRecorder::ProgramRecorder(const std::vector<at::Tensor>& inputs,
+                                 const std::vector<Allocation>* allocations, const CpuPool* pool)
+    : program_(std::make_unique<OpProgram>()),
+      allocations_(allocations),
+      pool_(pool),
+      prev_(tls_recorder),
+      handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&onStart, &onEnd)
+                                             .needsInputs(true)
+                                             .needsOutputs(true)
+                                             .scopes({at::RecordScope::FUNCTION}))) {
+  program_->num_inputs_ = static_cast<int32_t>(inputs.size());
+  program_->num_slots_ = program_->num_inputs_;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) continue;
+    slots_.emplace(inputs[i].unsafeGetTensorImpl(), static_cast<int32_t>(i));  // first one wins
+    seen_.emplace_back(inputs[i].getIntrusivePtr());
+  }
+  tls_recorder = this;
+}
+
+ProgramRecorder::~ProgramRecorder() {
+  if (tls_recorder == this) tls_recorder = prev_;
+  if (handle_ != 0) at::removeCallback(handle_);
+}
+
+std::unique_ptr<at::ObserverContext> ProgramRecorder::onStart(const at::RecordFunction& fn) {
+  if (ProgramRecorder* r = tls_recorder) r->start(fn);
+  return nullptr;
+}
+
+void ProgramRecorder::onEnd(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
+  if (ProgramRecorder* r = tls_recorder) r->end(fn);
+}
+
+void ProgramRecorder::fail(std::string why) {
+  if (failure_.empty()) failure_ = std::move(why);
+}
+
+void ProgramRecorder::start(const at::RecordFunction& fn) {
+  const auto name = fn.operator_name();
+  if (!name) return;
+  if (depth_++ > 0 || !failure_.empty()) return;
+  auto handle = c10::Dispatcher::singleton().findOp(*name);
+  const std::string label = "op #" + std::to_string(program_->steps_.size()) + " " + fn.name();
+  if (!handle) return fail(label + " is not registered with the dispatcher");
+  const auto& schema = handle->schema().arguments();
+  const auto inputs = fn.inputs();
+  if (inputs.size() != schema.size()) return fail(label + ": its arguments could not be observed");
+  OpProgram::Step step(*handle);
+  step.alloc_begin = allocations_ != nullptr ? allocations_->size() : 0;
+  // In-place collectives write their tensors without a write annotation.
+  const bool c10d_inplace = name->name.rfind("c10d::", 0) == 0 && name->name.back() == '_';
+  program_->steps_.push_back(std::move(step));
+  auto& args = program_->steps_.back().args;
+  for (size_t i = 0; i < inputs.size() && failure_.empty(); ++i) {
+    const auto* alias = schema[i].alias_info();
+    const bool writes = c10d_inplace || (alias != nullptr && alias->isWrite());
+    args.push_back(argument(inputs[i], schema[i], writes));
+  }
+  if (!failure_.empty()) failure_ = label + ": " + failure_;
+}
+
+void ProgramRecorder::end(const at::RecordFunction& fn) {
+  if (!fn.operator_name()) return;
+  if (--depth_ > 0 || !failure_.empty() || program_->steps_.empty()) return;
+  OpProgram::Step& step = program_->steps_.back();
+  step.alloc_end = allocations_ != nullptr ? allocations_->size() : 0;
+  const auto& outputs = fn.outputs();
+  if (outputs.size() != step.op.schema().returns().size()) {
+    return fail("op #" + std::to_string(program_->steps_.size() - 1) + " " + fn.name() +
+                ": its results could not be observed");
+  }
+  auto slotOfResult = [&](const at::Tensor& t) -> int32_t {
+    if (!t.defined() || slots_.count(t.unsafeGetTensorImpl())) return -1;
+    return newSlot(t);
+  };
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    const c10::IValue& v = outputs[r];
+    std::vector<int32_t> slots;
+    if (v.isTensor()) {
+      slots.push_back(slotOfResult(v.toTensor()));
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) slots.push_back(slotOfResult(t));
+    } else if (isWork(v)) {
+      step.waits.push_back(r);
+    } else if (containsTensor(v)) {
+      return fail("op #" + std::to_string(program_->steps_.size() - 1) + " " + fn.name() +
+                  " returns tensors in a structure a program cannot take apart");
+    }
+    step.results.push_back(std::move(slots));
+  }
+}
+
+OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value, const c10::Argument& /*schema*/,
+                                         bool writes) {
+  using Kind = OpProgram::Arg::Kind;
+  OpProgram::Arg a;
+  if (value.isTensor() && value.toTensor().defined()) {
+    const at::Tensor& t = value.toTensor();
+    if (t.unsafeGetTensorImpl()->is_wrapped_number() && !slots_.count(t.unsafeGetTensorImpl())) {
+      const auto scalar = wrappedValue(t);
+      if (!scalar) {
+        fail("it takes a Python number as a tensor of type " +
+             std::string(c10::toString(t.scalar_type())));
+        return a;
+      }
+      RouteSuspended outside_the_pool;  // the program's own copy, outside every pool
+      at::Tensor copy = at::detail::scalar_tensor_static(*scalar, t.scalar_type(), at::kCPU);
+      copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+      a.constant = std::move(copy);
+      a.shown = c10::IValue(*scalar);
+      return a;
+    }
+    a.kind = Kind::kSlot;
+    a.slots.push_back(slotOf(t, writes));
+    return a;
+  }
+  if (value.isTensorList()) {
+    a.kind = Kind::kSlotList;
+    for (const at::Tensor& t : value.toTensorVector()) a.slots.push_back(slotOf(t, writes));
+    return a;
+  }
+  if (value.isList() && containsTensor(value)) {
+    // Tensor?[] (the indices of aten::index): tensors and Nones.
+    a.kind = Kind::kOptionalSlotList;
+    for (const c10::IValue& e : value.toListRef()) {
+      if (e.isNone()) {
+        a.slots.push_back(-1);
+      } else if (e.isTensor()) {
+        a.slots.push_back(slotOf(e.toTensor(), writes));
+      } else {
+        fail("one of its arguments is a list of tensors and other values");
+      }
+    }
+    return a;
+  }
+  if (containsTensor(value)) {
+    fail("one of its arguments holds tensors in a structure a program cannot rebuild");
+    return a;
+  }
+  if (value.isStorage() && pool_ != nullptr && pool_->contains(value.toStorage().data())) {
+    fail("one of its arguments is a storage made while the function ran");
+    return a;
+  }
+  a.constant = value;
+  a.shown = value;
+  return a;
+}
+
+int32_t ProgramRecorder::slotOf(const at::Tensor& t, bool writes) {
+  if (writes) noteWrite(t);
+  auto it = slots_.find(t.unsafeGetTensorImpl());
+  if (it != slots_.end()) return it->second;
+  if (pool_ != nullptr && t.has_storage() && pool_->contains(t.storage().data())) {
+    fail(
+        "it takes a tensor that was made while the function ran, but not by an op "
+        "(torch.tensor(), torch.from_numpy(), Tensor.data, a pybind or ctypes call); a program "
+        "cannot make it again");
+    return 0;
+  }
+  const int32_t s = newSlot(t);
+  program_->held_.emplace_back(s, t);
+  return s;
+}
+
+int32_t ProgramRecorder::newSlot(const at::Tensor& t) {
+  const int32_t s = program_->num_slots_++;
+  slots_.emplace(t.unsafeGetTensorImpl(), s);
+  seen_.emplace_back(t.getIntrusivePtr());
+  return s;
+}
+
+void ProgramRecorder::noteWrite(const at::Tensor& t) {
+  if (allocations_ == nullptr || !t.has_storage()) return;
+  const c10::Storage& storage = t.storage();
+  if (storage.nbytes() == 0 || storage.data() == nullptr) return;
+  if (saved_set_.count(storage.unsafeGetStorageImpl())) return;
+  for (; made_seen_ < allocations_->size(); ++made_seen_) {
+    made_.insert((*allocations_)[made_seen_].ptr);
+  }
+  if (made_.count(reinterpret_cast<uintptr_t>(storage.data()))) return;  // the function made it
+  saved_set_.insert(storage.unsafeGetStorageImpl());
+  const auto* bytes = static_cast<const uint8_t*>(storage.data());
+  saved_.push_back({storage, std::vector<uint8_t>(bytes, bytes + storage.nbytes())});
+}
+
+std::unique_ptr<OpProgram> ProgramRecorder::finish(std::string* why) {
+  if (tls_recorder == this) tls_recorder = prev_;
+  at::removeCallback(handle_);
+  handle_ = 0;
+  if (!failure_.empty()) {
+    *why = failure_;
+    return nullptr;
+  }
+  // Note [Values of an op program]: each op result is dropped after its last use.
+  OpProgram& p = *program_;
+  std::vector<int32_t> last(p.num_slots_, -1);
+  std::vector<uint8_t> result(p.num_slots_, 0);
+  for (size_t k = 0; k < p.steps_.size(); ++k) {
+    for (const auto& a : p.steps_[k].args) {
+      for (int32_t s : a.slots) {
+        if (s >= 0) last[s] = static_cast<int32_t>(k);
+      }
+    }
+    for (const auto& r : p.steps_[k].results) {
+      for (int32_t s : r) {
+        if (s >= 0) {
+          result[s] = 1;
+          last[s] = std::max(last[s], static_cast<int32_t>(k));
+        }
+      }
+    }
+  }
+  for (int32_t s = 0; s < p.num_slots_; ++s) {
+    if (result[s]) p.steps_[last[s]].release.push_back(s);
+  }
+  seen_.clear();
+  slots_.clear();
+  return std::move(program_);
+}
+
+}  // namespace graphtrees

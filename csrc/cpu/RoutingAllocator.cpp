@@ -1,0 +1,205 @@
+#include "cpu/RoutingAllocator.h"
+
+#include "Backend.h"
+#include "FailureInjection.h"
+#include "cpu/CpuPool.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <unordered_map>
+
+namespace graphtrees {
+
+namespace {
+
+// Replay allocations look exactly like ordinary CPU allocations to kernels: their DataPtr's
+// context is the data pointer itself (oneDNN and c10's raw_allocate assert that), so the deleter
+// finds the replay an allocation belongs to from its address alone. While a replay runs, its
+// liveness is this thread's (no lock beyond its own); allocations still alive when it ends (kept
+// by the function, an error the replay reports) move to a process-wide map. An allocation freed
+// by another thread while its replay runs is not seen (it stays "alive" for that replay).
+thread_local ReplayLiveness* tls_replay = nullptr;
+thread_local RouteState* tls_route = nullptr;
+
+std::mutex& escapedMutex() {
+  static auto* m = new std::mutex();  // never destroyed, like the map it guards
+  return *m;
+}
+std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>& escaped() {
+  static auto* owners = new std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>();
+  return *owners;  // never destroyed: deleters may run during interpreter shutdown
+}
+
+bool isReplayAllocation(void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  if (ReplayLiveness* l = tls_replay) {
+    std::lock_guard<std::mutex> lock(l->mutex);
+    if (l->alive.count(p)) return true;
+  }
+  std::lock_guard<std::mutex> lock(escapedMutex());
+  return escaped().count(p) > 0;
+}
+
+void replayFree(void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  if (ReplayLiveness* l = tls_replay) {
+    std::lock_guard<std::mutex> lock(l->mutex);
+    if (l->alive.erase(p)) return;
+  }
+  std::shared_ptr<ReplayLiveness> liveness;
+  {
+    std::lock_guard<std::mutex> lock(escapedMutex());
+    auto it = escaped().find(p);
+    if (it == escaped().end()) return;
+    liveness = std::move(it->second);
+    escaped().erase(it);
+  }
+  std::lock_guard<std::mutex> lock(liveness->mutex);
+  liveness->alive.erase(p);
+}
+
+c10::Allocator* g_fallback = nullptr;
+
+// Frees through raw_deallocate (oneDNN's scratch memory) must find replay allocations too.
+void routerRawDelete(void* ptr) {
+  if (isReplayAllocation(ptr)) {
+    replayFree(ptr);
+  } else if (CpuPool::poolOfAllocated(ptr) != nullptr) {
+    CpuPool::deleteBlock(ptr);
+  } else if (ptr != nullptr) {
+    g_fallback->raw_deleter()(ptr);
+  }
+}
+
+c10::DataPtr replayAllocate(RouteState* st, size_t nbytes) {
+  const auto& rec = *st->recorded;
+  const size_t i = st->cursor++;
+  if (st->divergence.empty()) {
+    if (i >= rec.size()) {
+      st->divergence = "the replay made allocation #" + std::to_string(i) + " (" +
+                       std::to_string(nbytes) + " bytes) but the recording made only " +
+                       std::to_string(rec.size());
+    } else if (rec[i].nbytes != nbytes) {
+      st->divergence = "allocation #" + std::to_string(i) + " asked for " + std::to_string(nbytes) +
+                       " bytes where the recording asked for " + std::to_string(rec[i].nbytes);
+    } else {
+      const uintptr_t begin = rec[i].ptr;
+      const uintptr_t end = begin + nbytes;
+      std::lock_guard<std::mutex> lock(st->liveness->mutex);
+      auto& alive = st->liveness->alive;
+      auto it = alive.upper_bound(begin);
+      if (it != alive.begin() && std::prev(it)->second.first > begin) --it;
+      if (it != alive.end() && it->first < end) {
+        st->divergence = "allocation #" + std::to_string(i) +
+                         " would reuse the memory of allocation #" +
+                         std::to_string(it->second.second) +
+                         ", which is still alive in this replay although it was freed at that "
+                         "point of the recording (a data-dependent lifetime)";
+      } else {
+        alive.emplace(begin, std::make_pair(end, i));
+      }
+    }
+  }
+  TORCH_CHECK(st->divergence.empty(), "graphtrees: the replay of '", *st->function_name,
+              "' diverged from its recording: ", st->divergence,
+              ". Its allocations depend on the input values (data-dependent control flow or "
+              "shapes), which a recorded graph cannot reproduce. Run it eagerly, or make the "
+              "data-dependent part a separate, unwrapped function.");
+  // Not owning pool memory: a replay writes the recorded address and the pool's bookkeeping is
+  // untouched; the deleter only records that the allocation died.
+  void* ptr = reinterpret_cast<void*>(rec[i].ptr);
+  return c10::DataPtr(ptr, ptr, &replayFree, c10::Device(c10::DeviceType::CPU));
+}
+
+// Installed once as c10's CPU allocator; see Note [CPU emulation of graphs].
+class RouterAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    RouteState* st = tls_route;
+    if (C10_LIKELY(st == nullptr) || nbytes == 0) return g_fallback->allocate(nbytes);
+    if (st->mode == RouteMode::kReplay) return replayAllocate(st, nbytes);
+    TORCH_CHECK_WITH(OutOfMemoryError, !consumeInjectedFailure(FailurePoint::kPoolAlloc),
+                     "graphtrees: injected out-of-memory error allocating ", nbytes,
+                     " bytes in the CPU pool");
+    void* ptr = st->pool->malloc(nbytes);
+    if (st->mode == RouteMode::kCapture) {
+      st->recording->push_back({reinterpret_cast<uintptr_t>(ptr), nbytes});
+    }
+    return CpuPool::makeDataPtr(ptr);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &routerRawDelete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+RouterAllocator* router() {
+  static RouterAllocator* r = [] {
+    g_fallback = c10::GetCPUAllocator();
+    auto* a = new RouterAllocator();
+    c10::SetCPUAllocator(a, /*priority=*/1);
+    return a;
+  }();
+  return r;
+}
+
+}  // namespace
+
+void pushRoute(RouteState* state) {
+  state->prev = tls_route;
+  tls_route = state;
+}
+
+RouteState* popRoute() {
+  RouteState* st = tls_route;
+  TORCH_INTERNAL_ASSERT(st != nullptr, "graphtrees: no CPU routing to end");
+  tls_route = st->prev;
+  return st;
+}
+
+RouteState* currentRoute() {
+  return tls_route;
+}
+
+RouteSuspended::RouteSuspended() : saved_(tls_route) {
+  tls_route = nullptr;
+}
+
+RouteSuspended::~RouteSuspended() {
+  tls_route = saved_;
+}
+
+ReplayScope::ReplayScope(std::shared_ptr<ReplayLiveness> liveness)
+    : liveness_(std::move(liveness)), prev_(tls_replay) {
+  tls_replay = liveness_.get();
+}
+
+ReplayScope::~ReplayScope() {
+  tls_replay = prev_;
+  std::lock_guard<std::mutex> lock(liveness_->mutex);
+  if (liveness_->alive.empty()) return;
+  std::lock_guard<std::mutex> owners(escapedMutex());
+  for (const auto& kv : liveness_->alive) escaped().emplace(kv.first, liveness_);
+}
+
+void installRouter() {
+  router();
+}
+
+void checkRouterInstalled() {
+  TORCH_CHECK(c10::GetCPUAllocator() == router(),
+              "graphtrees: another CPU allocator replaced graphtrees' routing allocator after it "
+              "was installed, so CPU graphs cannot be emulated. Do not install a custom CPU "
+              "allocator (c10::SetCPUAllocator) in a process that uses graphtrees on CPU.");
+}
+
+std::vector<Interval> footprintOf(const std::vector<Allocation>& allocs) {
+  std::vector<Interval> v;
+  v.reserve(allocs.size());
+  for (const auto& a : allocs) v.push_back({a.ptr, a.ptr + a.nbytes});
+  mergeIntervals(&v);
+  return v;
+}
+
+}  // namespace graphtrees
