@@ -6,8 +6,8 @@ Writes benchmarks/results/cpu-<date>.json and .md:
   1. per-call overhead of a replay: wrapped call minus eager call, for 1 and 8 inputs/outputs;
   2. lookup cost with 1, 10, 100 and 1000 sibling nodes under one parent (should stay flat);
   3. pool reserved bytes for K sibling branches sharing a prefix, against K separate pools.
-On the CPU emulation a replay re-runs the callable, so (1) measures everything graphtrees adds
-around it: argument flattening, signature and child lookup, liveness bookkeeping, copying inputs
+(1) uses the Python replay (cpu_replay="python": the callable runs again), so it measures
+everything graphtrees adds around a call: argument flattening, signature and child lookup, liveness bookkeeping, copying inputs
 into placeholders, replaying the allocation sequence and building the outputs.
 """
 
@@ -46,7 +46,7 @@ def bench_overhead(iters):
         def f(*args):
             return tuple(a + 1 for a in args) if len(args) > 1 else args[0] + 1
 
-        g = graphtrees.cudagraphify(f, name=f"add1_x{n}")
+        g = graphtrees.cudagraphify(f, name=f"add1_x{n}", cpu_replay="python")
         for _ in range(5):
             g(*xs)
         eager = per_call_us(lambda: f(*xs), iters)
