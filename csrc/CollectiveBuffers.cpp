@@ -13,7 +13,8 @@ thread_local CollectiveBuffers* tls_buffers = nullptr;
 }  // namespace
 
 bool CollectiveBuffers::isCollective(const char* op) {
-  return std::strncmp(op, "c10d::", 6) == 0;
+  return std::strncmp(op, "c10d::", 6) == 0 || std::strncmp(op, "_c10d_functional::", 18) == 0 ||
+         std::strncmp(op, "c10d_functional::", 17) == 0;
 }
 
 std::unique_ptr<at::ObserverContext> CollectiveBuffers::onStart(const at::RecordFunction& fn) {

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 namespace graphtrees {
@@ -16,15 +17,20 @@ int64_t intOption(const std::string& who, const char* name, const py::handle& va
                     py::repr(value).cast<std::string>());
   return value.cast<int64_t>();
 }
-// verify=True/False/"warn"; None (not given) takes GRAPHTREES_VERIFY ("1", "warn"; "0" or unset:
-// off).
+// verify=True/False/"warn"; None (not given) takes GRAPHTREES_VERIFY (1/true/yes/on, warn;
+// 0/false/no/off or unset: off).
 Verify verifyOption(const std::string& who, const py::object& value) {
   if (value.is_none()) {
     const char* env = std::getenv("GRAPHTREES_VERIFY");
-    const std::string e = env ? env : "";
-    TORCH_CHECK_VALUE(e.empty() || e == "0" || e == "1" || e == "warn",
-                      "GRAPHTREES_VERIFY must be 0, 1 or warn, got '", e, "'");
-    return e == "1" ? Verify::kRaise : (e == "warn" ? Verify::kWarn : Verify::kOff);
+    std::string e = env ? env : "";
+    for (char& c : e) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool on = e == "1" || e == "true" || e == "yes" || e == "on";
+    const bool off = e.empty() || e == "0" || e == "false" || e == "no" || e == "off";
+    TORCH_CHECK_VALUE(on || off || e == "warn",
+                      "GRAPHTREES_VERIFY must be 1 (or true, yes, on), warn, or 0 (or false, no, "
+                      "off), got '",
+                      env ? env : "", "'");
+    return on ? Verify::kRaise : (off ? Verify::kOff : Verify::kWarn);
   }
   if (PyBool_Check(value.ptr())) return value.cast<bool>() ? Verify::kRaise : Verify::kOff;
   const bool warn = py::isinstance<py::str>(value) && value.cast<std::string>() == "warn";

@@ -164,11 +164,20 @@ NodeCheckpoint PoolBookkeeping::checkpoint(std::shared_ptr<Checkpoint> pool, con
 // worker thread, which holds the collective's tensors -- pool blocks, since the warmup was routed
 // -- until it retires the work, about 100 ms later at most. Those blocks belong to no Python
 // tensor, so neither the garbage collector nor Note [Kept state] frees them. Before calling them
-// kept, this waits up to 200 ms, with the GIL released, for the allocator to see them freed.
+// kept, this waits up to 200 ms, with the GIL released, for the allocator to see them freed. The
+// pool invariant check (checkInvariants) waits the same way after a recording, whose collectives
+// hand their tensors over just the same.
 void PoolBookkeeping::waitForUnownedBlocks() {
   for (int i = 0; i < 200 && !live_.unownedBlocks().empty(); ++i) {
     runBlocking([] { std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
   }
+}
+
+bool PoolBookkeeping::checkInvariants(std::string* why) {
+  std::string first;
+  if (live_.checkInvariants(exact(), &first)) return true;
+  waitForUnownedBlocks();  // a collective's worker may not have dropped its tensors yet
+  return live_.checkInvariants(exact(), why);
 }
 
 void PoolBookkeeping::moveKeptStateOutOfPool(const std::string& function_name) {

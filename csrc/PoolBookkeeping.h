@@ -59,6 +59,9 @@ class PoolBookkeeping {
   void moveKeptStateOutOfPool(const std::string& function_name);
   // Note [Blocks a collective holds].
   void waitForUnownedBlocks();
+  // LiveOutputs::checkInvariants, once a collective's worker had the time to let go of the
+  // run's blocks (Note [Blocks a collective holds]).
+  bool checkInvariants(std::string* why);
 
   // Returns the pool's free segments that no checkpoint of a node below `root` includes (Note
   // [Memory budget] in Backend.h); the bytes freed.

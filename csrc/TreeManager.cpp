@@ -594,7 +594,7 @@ TreeInfo TreeManager::snapshot() {
 }
 
 bool TreeManager::checkPoolInvariants(std::string* why) {
-  return live_.checkInvariants(bookkeeping_.exact(), why);
+  return bookkeeping_.checkInvariants(why);
 }
 
 }  // namespace graphtrees

@@ -33,7 +33,8 @@ def _difference(replayed: Any, eager: Any) -> tuple[str, str] | None:
                 torch.testing.assert_close(a, b, equal_nan=True, check_device=False)
             except AssertionError:
                 if a.dtype.is_floating_point or a.dtype.is_complex:
-                    diff = (a.detach().cpu().double() - b.detach().cpu().double()).abs()
+                    wide = torch.complex128 if a.dtype.is_complex else torch.float64
+                    diff = (a.detach().cpu().to(wide) - b.detach().cpu().to(wide)).abs()
                     diff = diff.nan_to_num(nan=float("inf")).max().item()
                     return where, f"differs from the eager run's by up to {diff:g}"
                 wrong = (a.detach().cpu() != b.detach().cpu()).sum().item()

@@ -128,6 +128,48 @@ def test_in_place_updates_of_a_buffer_are_replayed(x):
     assert cpu_replays("cpu") == ["program"]
 
 
+def test_batch_norm_in_training_mode_updates_its_statistics_once_per_call():
+    # aten::batch_norm writes the running statistics through a nested op: the proof must give
+    # them their old bytes back before it runs the program again.
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(4).train()
+    ref = torch.nn.BatchNorm1d(4).train()
+    g = cudagraphify(bn)
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.randn(8, 4)
+            torch.testing.assert_close(g(x), ref(x))
+    torch.testing.assert_close(bn.running_mean, ref.running_mean)
+    torch.testing.assert_close(bn.running_var, ref.running_var)
+    assert bn.num_batches_tracked.item() == 5 and cpu_replays("cpu") == ["program"]
+
+
+def test_a_generator_read_from_a_closure_is_drawn_from_once_per_call(x):
+    gen = torch.Generator().manual_seed(3)
+    g = cudagraphify(lambda x: x + torch.rand(x.shape, generator=gen))
+    outs = [g(x).clone() for _ in range(4)]
+    ref = torch.Generator().manual_seed(3)
+    for got in outs:
+        torch.testing.assert_close(got, x + torch.rand(x.shape, generator=ref))
+    torch.testing.assert_close(gen.get_state(), ref.get_state())
+    assert cpu_replays("cpu") == ["program"]
+
+
+def test_a_tensor_python_filled_is_caught_whatever_the_memory_held(caplog):
+    def masked(x, y):
+        flag = torch.tensor([True, False, True])  # aten::empty, then filled by Python
+        return torch.where(flag, x, y)
+
+    g = cudagraphify(masked, name="masked")
+    with caplog.at_level(logging.WARNING, logger="graphtrees"):
+        for _ in range(4):
+            a, b = torch.randn(3), torch.randn(3)
+            torch.testing.assert_close(
+                g(a, b), torch.where(torch.tensor([True, False, True]), a, b)
+            )
+    assert cpu_replays("cpu") == ["python"]
+
+
 def test_a_write_outside_the_dispatcher_falls_back_to_the_python_replay(x, caplog):
     def via_numpy(x):
         out = torch.empty_like(x)
@@ -198,6 +240,34 @@ def test_program_replays_of_a_two_node_path_keep_live_outputs_safe():
     assert cpu_replays("cpu") == ["program", "program"]
     assert info("cpu")["num_program_replays"] == 4
     assert_invariants("cpu")
+
+
+def test_threads_replay_their_programs_at_once():
+    # Each thread has its own tree; program replays release the GIL while they run.
+    import threading
+
+    errors = []
+
+    def work(seed):
+        try:
+            torch.manual_seed(seed)
+            lin = torch.nn.Linear(32, 32)
+            g = cudagraphify(lin, name=f"lin{seed}")
+            with torch.no_grad():
+                for _ in range(50):
+                    x = torch.randn(8, 32)
+                    torch.testing.assert_close(g(x), lin(x))
+            t = info("cpu")
+            assert t["num_program_replays"] == t["num_replays"] == 48, t
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
 
 
 def test_ops_with_tensor_lists_views_and_indices_replay():
@@ -309,6 +379,9 @@ def test_graphtrees_verify_environment_variable():
     env = dict(os.environ, GRAPHTREES_VERIFY="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "MISMATCH True", out.stderr
-    env["GRAPHTREES_VERIFY"] = "yes"
+    env["GRAPHTREES_VERIFY"] = "True"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "MISMATCH True", out.stderr
+    env["GRAPHTREES_VERIFY"] = "sometimes"
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert "GRAPHTREES_VERIFY must be 0, 1 or warn" in bad.stderr
+    assert "GRAPHTREES_VERIFY must be 1 (or true, yes, on), warn, or 0" in bad.stderr

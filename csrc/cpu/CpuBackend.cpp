@@ -104,6 +104,8 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
   const bool record_program = python_replay.empty();
   std::optional<RngStates> rng_at_start;
   if (record_program) rng_at_start.emplace(spec.generators);  // before the routing starts
+  std::vector<std::pair<at::Generator, at::Tensor>> op_generators;
+  std::string unproven;
   std::unique_ptr<OpProgram> program;
   std::vector<ProgramRecorder::SavedStorage> saved;
   bool ran = false;
@@ -117,6 +119,8 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
     if (recorder) {
       program = recorder->finish(&python_replay);
       saved = std::move(recorder->savedStorages());
+      op_generators = recorder->generatorStates();
+      unproven = recorder->unproven();
     }
   } catch (...) {
     // On CUDA the host read itself would have failed the capture, before this error.
@@ -136,10 +140,20 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
     throw CaptureRejected("injected failure at the end of the capture", /*ran=*/true);
   }
   // A program with collectives is not proved: running them once more would take this rank out
-  // of step with the others (Note [CPU graphs]).
-  if (program && !watch.collectives) {
+  // of step with the others (Note [CPU graphs]). Nor is one whose inputs are too large to copy.
+  if (program && !unproven.empty()) {
+    logMessage(LogLevel::kInfo, "the recorded ops of '" + spec.function_name +
+                                    "' replay without the completeness proof: " + unproven);
+  }
+  if (program && !watch.collectives && unproven.empty()) {
+    std::vector<at::Generator> generators = spec.generators;
+    for (const auto& g : op_generators) generators.push_back(g.first);
+    // Generators the ops took, as first seen; then the default one and the arguments as the
+    // capture found them.
+    RngStates at_start(op_generators);
+    at_start.append(*rng_at_start);
     const std::string failed = proveProgram(*program, inputs, *outputs, allocations, saved,
-                                            *rng_at_start, spec.generators, spec.function_name);
+                                            at_start, generators, spec.function_name);
     if (!failed.empty()) {
       program.reset();
       python_replay = "running its recorded ops once more did not reproduce its recording (" +

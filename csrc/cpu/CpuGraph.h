@@ -14,16 +14,18 @@
 // Some work does not go through the dispatcher (a pybind function writing into a tensor, a numpy
 // view of tensor memory, ctypes, Inductor's CPU kernels). So a program is kept only once it is
 // proved complete (proveProgram): right after the capture, the memory the recording wrote is
-// scribbled over, the storages it wrote that it did not make get their old bytes back, the RNG
-// goes back to where the capture started, the program runs once, and every output must equal the
-// captured one bit for bit (and every such storage its captured bytes). Then everything is put
-// back as the capture left it. A program that dispatches collectives is not proved: running them
-// once more would take this rank out of step with the others. A function whose proof fails, or
-// whose recording met something a program cannot express, keeps the Python replay: the function is
-// run again under the replay routing, its allocations checked against the recording's (the
-// divergence, kept-tensor and collective-buffer checks below exist only for it). tree_info() says
-// which replay each node has ("cpu_replay"), and the log says once why a function has the Python
-// replay.
+// filled with 0x00, the storages it wrote that it did not make get their old bytes back, the RNG
+// (the default generator and every generator an op took) goes back to where the capture started,
+// the program runs, and every output must equal the captured one bit for bit (and every such
+// storage its captured bytes); then again over 0xFF. Then everything is put back as the capture
+// left it. Work outside the dispatcher that no output and no op-written storage shows (a pybind
+// call updating a tensor no op touches) is not seen; verify=True finds it once it matters. A
+// program that dispatches collectives is not proved: running them once more would take this rank
+// out of step with the others. A function whose proof fails, or whose recording met something a
+// program cannot express, keeps the Python replay: the function is run again under the replay
+// routing, its allocations checked against the recording's (the divergence, kept-tensor and
+// collective-buffer checks below exist only for it). tree_info() says which replay each node has
+// ("cpu_replay"), and the log says once why a function has the Python replay.
 
 #include "Backend.h"
 #include "cpu/OpProgram.h"
@@ -48,10 +50,17 @@ struct OutputLayout {
 };
 OutputLayout layoutOf(const at::Tensor& t);
 
-// The states of the default CPU generator and of `generators`, to put back later.
+// Generator states to put back later, in order (a generator listed twice gets the later state).
 class RngStates {
  public:
+  // The default CPU generator and `generators`, now.
   explicit RngStates(const std::vector<at::Generator>& generators);
+  // States taken earlier.
+  explicit RngStates(std::vector<std::pair<at::Generator, at::Tensor>> states)
+      : states_(std::move(states)) {}
+  void append(const RngStates& later) {
+    states_.insert(states_.end(), later.states_.begin(), later.states_.end());
+  }
   void restore() const;
 
  private:

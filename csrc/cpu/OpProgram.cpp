@@ -64,12 +64,21 @@ std::string showIValue(const c10::IValue& v) {
   return os.str();
 }
 
+bool sameValue(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isDouble() && b.isDouble()) {  // NaN is the same NaN
+    const double x = a.toDouble(), y = b.toDouble();
+    return x == y || (std::isnan(x) && std::isnan(y));
+  }
+  return a == b;
+}
+
 bool sameConstant(const OpProgram::Arg& a, const OpProgram::Arg& b) {
   if (a.constant.isTensor() || b.constant.isTensor()) {
     // Wrapped numbers compare by value; an undefined tensor (None) by kind.
-    return a.shown.isNone() == b.shown.isNone() && (a.shown.isNone() || a.shown == b.shown);
+    return a.shown.isNone() == b.shown.isNone() &&
+           (a.shown.isNone() || sameValue(a.shown, b.shown));
   }
-  return a.constant == b.constant;
+  return sameValue(a.constant, b.constant);
 }
 
 }  // namespace
@@ -154,6 +163,11 @@ std::string OpProgram::firstDifference(const OpProgram& eager) const {
                  "' is another tensor than when it was recorded (a tensor attribute or global "
                  "was replaced; the recording reads the one it saw)";
         }
+      }
+      if (a.kind != Arg::Kind::kConstant && a.kind == b.kind && a.slots.size() != b.slots.size()) {
+        return prefix + "argument '" + arg + "' was a list of " + std::to_string(a.slots.size()) +
+               " tensors when recorded and is a list of " + std::to_string(b.slots.size()) +
+               " now: a Python value decided its length";
       }
       if ((a.kind == Arg::Kind::kConstant) != (b.kind == Arg::Kind::kConstant)) {
         return prefix + "argument '" + arg + "' was " +

@@ -6,7 +6,9 @@
 #include <ATen/core/class_type.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
+#include <mutex>
 
 namespace graphtrees {
 
@@ -90,8 +92,40 @@ void ProgramRecorder::fail(std::string why) {
 void ProgramRecorder::start(const at::RecordFunction& fn) {
   const auto name = fn.operator_name();
   if (!name) return;
-  if (depth_++ > 0 || !failure_.empty()) return;
-  auto handle = c10::Dispatcher::singleton().findOp(*name);
+  const bool top = depth_++ == 0;
+  if (!failure_.empty()) return;
+  // RecordFunction swallows what a callback throws: an error here must fail the recording.
+  try {
+    if (top) {
+      recordStep(fn, *name);
+    } else {
+      noteNestedWrites(fn);
+    }
+  } catch (const std::exception& e) {
+    fail(std::string("recording ") + fn.name() + " failed: " + e.what());
+  }
+}
+
+void ProgramRecorder::noteNestedWrites(const at::RecordFunction& fn) {
+  // The top-level op may write through the ops it calls (aten::batch_norm updates its running
+  // statistics in a nested op): the proof needs those storages' old bytes too.
+  if (allocations_ == nullptr) return;
+  const auto handle = c10::Dispatcher::singleton().findOp(*fn.operator_name());
+  if (!handle) return;
+  const auto inputs = fn.inputs();
+  const auto& args = handle->schema().arguments();
+  for (size_t i = 0; i < inputs.size() && i < args.size(); ++i) {
+    if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite()) continue;
+    const c10::IValue& v = inputs[i];
+    if (v.isTensor() && v.toTensor().defined()) noteWrite(v.toTensor());
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) noteWrite(t);
+    }
+  }
+}
+
+void ProgramRecorder::recordStep(const at::RecordFunction& fn, const c10::OperatorName& name) {
+  auto handle = c10::Dispatcher::singleton().findOp(name);
   const std::string label = "op #" + std::to_string(program_->steps_.size()) + " " + fn.name();
   if (!handle) return fail(label + " is not registered with the dispatcher");
   const auto& schema = handle->schema().arguments();
@@ -99,21 +133,30 @@ void ProgramRecorder::start(const at::RecordFunction& fn) {
   if (inputs.size() != schema.size()) return fail(label + ": its arguments could not be observed");
   OpProgram::Step step(*handle);
   step.alloc_begin = allocations_ != nullptr ? allocations_->size() : 0;
-  // In-place collectives write their tensors without a write annotation.
-  const bool c10d_inplace = name->name.rfind("c10d::", 0) == 0 && name->name.back() == '_';
-  program_->steps_.push_back(std::move(step));
-  auto& args = program_->steps_.back().args;
+  std::vector<OpProgram::Arg> args;
+  args.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size() && failure_.empty(); ++i) {
-    const auto* alias = schema[i].alias_info();
-    const bool writes = c10d_inplace || (alias != nullptr && alias->isWrite());
-    args.push_back(argument(inputs[i], schema[i], writes));
+    args.push_back(argument(inputs[i]));
   }
-  if (!failure_.empty()) failure_ = label + ": " + failure_;
+  if (!failure_.empty()) {
+    failure_ = label + ": " + failure_;
+    return;
+  }
+  step.args = std::move(args);
+  program_->steps_.push_back(std::move(step));  // complete, or not at all
 }
 
 void ProgramRecorder::end(const at::RecordFunction& fn) {
   if (!fn.operator_name()) return;
   if (--depth_ > 0 || !failure_.empty() || program_->steps_.empty()) return;
+  try {
+    recordResults(fn);
+  } catch (const std::exception& e) {
+    fail(std::string("recording the results of ") + fn.name() + " failed: " + e.what());
+  }
+}
+
+void ProgramRecorder::recordResults(const at::RecordFunction& fn) {
   OpProgram::Step& step = program_->steps_.back();
   step.alloc_end = allocations_ != nullptr ? allocations_->size() : 0;
   const auto& outputs = fn.outputs();
@@ -142,8 +185,7 @@ void ProgramRecorder::end(const at::RecordFunction& fn) {
   }
 }
 
-OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value, const c10::Argument& /*schema*/,
-                                         bool writes) {
+OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value) {
   using Kind = OpProgram::Arg::Kind;
   OpProgram::Arg a;
   if (value.isTensor() && value.toTensor().defined()) {
@@ -163,12 +205,12 @@ OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value, const c10::Ar
       return a;
     }
     a.kind = Kind::kSlot;
-    a.slots.push_back(slotOf(t, writes));
+    a.slots.push_back(slotOf(t));
     return a;
   }
   if (value.isTensorList()) {
     a.kind = Kind::kSlotList;
-    for (const at::Tensor& t : value.toTensorVector()) a.slots.push_back(slotOf(t, writes));
+    for (const at::Tensor& t : value.toTensorVector()) a.slots.push_back(slotOf(t));
     return a;
   }
   if (value.isList() && containsTensor(value)) {
@@ -178,7 +220,7 @@ OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value, const c10::Ar
       if (e.isNone()) {
         a.slots.push_back(-1);
       } else if (e.isTensor()) {
-        a.slots.push_back(slotOf(e.toTensor(), writes));
+        a.slots.push_back(slotOf(e.toTensor()));
       } else {
         fail("one of its arguments is a list of tensors and other values");
       }
@@ -189,6 +231,7 @@ OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value, const c10::Ar
     fail("one of its arguments holds tensors in a structure a program cannot rebuild");
     return a;
   }
+  if (value.isGenerator()) noteGenerator(value.toGenerator());
   if (value.isStorage() && pool_ != nullptr && pool_->contains(value.toStorage().data())) {
     fail("one of its arguments is a storage made while the function ran");
     return a;
@@ -198,8 +241,8 @@ OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value, const c10::Ar
   return a;
 }
 
-int32_t ProgramRecorder::slotOf(const at::Tensor& t, bool writes) {
-  if (writes) noteWrite(t);
+int32_t ProgramRecorder::slotOf(const at::Tensor& t) {
+  noteWrite(t);  // any op may write it: aten::batch_norm writes its running statistics unsaid
   auto it = slots_.find(t.unsafeGetTensorImpl());
   if (it != slots_.end()) return it->second;
   if (pool_ != nullptr && t.has_storage() && pool_->contains(t.storage().data())) {
@@ -231,8 +274,27 @@ void ProgramRecorder::noteWrite(const at::Tensor& t) {
   }
   if (made_.count(reinterpret_cast<uintptr_t>(storage.data()))) return;  // the function made it
   saved_set_.insert(storage.unsafeGetStorageImpl());
+  if (saved_bytes_ + storage.nbytes() > kSavedBytesLimit) {
+    if (unproven_.empty()) {
+      unproven_ = "the tensors it reads that it did not make hold more than " +
+                  std::to_string(kSavedBytesLimit >> 20) + " MiB, too much to copy for the proof";
+    }
+    return;
+  }
+  saved_bytes_ += storage.nbytes();
   const auto* bytes = static_cast<const uint8_t*>(storage.data());
   saved_.push_back({storage, std::vector<uint8_t>(bytes, bytes + storage.nbytes())});
+}
+
+void ProgramRecorder::noteGenerator(const at::Generator& g) {
+  if (allocations_ == nullptr) return;
+  for (const auto& known : generators_) {
+    if (known.first == g) return;
+  }
+  RouteSuspended outside_the_pool;  // the state is graphtrees' copy
+  at::Generator gen = g;
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  generators_.emplace_back(gen, gen.get_state());
 }
 
 std::unique_ptr<OpProgram> ProgramRecorder::finish(std::string* why) {
@@ -265,6 +327,13 @@ std::unique_ptr<OpProgram> ProgramRecorder::finish(std::string* why) {
   for (int32_t s = 0; s < p.num_slots_; ++s) {
     if (result[s]) p.steps_[last[s]].release.push_back(s);
   }
+  // Only what the run changed needs its old bytes back for the proof.
+  saved_.erase(std::remove_if(saved_.begin(), saved_.end(),
+                              [](const SavedStorage& s) {
+                                return std::memcmp(s.storage.data(), s.before.data(),
+                                                   s.before.size()) == 0;
+                              }),
+               saved_.end());
   seen_.clear();
   slots_.clear();
   return std::move(program_);

@@ -5,6 +5,7 @@
 #include "cpu/OpProgram.h"
 #include "cpu/RoutingAllocator.h"
 
+#include <ATen/core/Generator.h>
 #include <ATen/record_function.h>
 #include <c10/core/Storage.h>
 #include <c10/util/intrusive_ptr.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace graphtrees {
@@ -29,12 +31,15 @@ class CpuPool;
 // allocation pattern being recorded. A tensor the recorder has not seen is
 //   - a wrapped number (a Python number passed to an op): a constant;
 //   - memory outside the pool: a tensor from outside the function, held by the program;
-//   - memory in the pool: a tensor made while the function ran but not by an op (torch.tensor,
-//     a pybind or ctypes call): the program cannot make it, so the recording keeps the Python
-//     replay (the reason names the op).
+//   - memory in the pool: a tensor made while the function ran but not by an op (Tensor.data, a
+//     pybind or ctypes call): the program cannot make it, so the recording keeps the Python
+//     replay (the reason names the op). (torch.tensor() is made by aten::empty and filled by
+//     Python: the proof catches it.)
 // For the completeness proof (cpu/CpuGraph.cpp), the bytes of every storage that existed before
-// the capture are saved the first time an op writes it (schema `Tensor(a!)`, and the c10d ops,
-// which write without saying so).
+// the capture are saved the first time an op takes it (schemas do not always say what an op
+// writes: aten::batch_norm updates its running statistics unsaid, c10d's in-place ops too), and
+// kept if the run changed them (up to kSavedBytesLimit in all: past it the program is not
+// proved); so is the state of every generator an op takes.
 class ProgramRecorder {
  public:
   // A storage the function wrote that it did not make.
@@ -55,14 +60,26 @@ class ProgramRecorder {
   // Stops recording; the program, or nullptr with the reason in `why`.
   std::unique_ptr<OpProgram> finish(std::string* why);
   std::vector<SavedStorage>& savedStorages() { return saved_; }
+  // Why the program cannot be proved (empty if it can).
+  const std::string& unproven() const { return unproven_; }
+  static constexpr size_t kSavedBytesLimit = size_t{1} << 30;
+  // The generators its ops took as arguments (a closure's, say), with their states when first
+  // seen: the proof rewinds them too.
+  const std::vector<std::pair<at::Generator, at::Tensor>>& generatorStates() const {
+    return generators_;
+  }
 
  private:
   static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
   static void onEnd(const at::RecordFunction& fn, at::ObserverContext* ctx);
   void start(const at::RecordFunction& fn);
   void end(const at::RecordFunction& fn);
-  OpProgram::Arg argument(const c10::IValue& value, const c10::Argument& schema, bool writes);
-  int32_t slotOf(const at::Tensor& t, bool writes);
+  void recordStep(const at::RecordFunction& fn, const c10::OperatorName& name);
+  void recordResults(const at::RecordFunction& fn);
+  void noteNestedWrites(const at::RecordFunction& fn);
+  void noteGenerator(const at::Generator& g);
+  OpProgram::Arg argument(const c10::IValue& value);
+  int32_t slotOf(const at::Tensor& t);
   int32_t newSlot(const at::Tensor& t);
   void noteWrite(const at::Tensor& t);
   void fail(std::string why);
@@ -76,6 +93,9 @@ class ProgramRecorder {
   size_t made_seen_ = 0;
   std::unordered_set<const c10::StorageImpl*> saved_set_;
   std::vector<SavedStorage> saved_;
+  size_t saved_bytes_ = 0;
+  std::string unproven_;
+  std::vector<std::pair<at::Generator, at::Tensor>> generators_;
   std::string failure_;
   int depth_ = 0;
   ProgramRecorder* prev_;
