@@ -12,30 +12,16 @@ Writes benchmarks/results/cpu-replay-<date>.{json,md}.
 
 import argparse
 import datetime
-import inspect
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 
 import torch
+from bench_cpu import HERE, per_call_us
 
 import graphtrees
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def per_call_us(fn, iters, repeats=7):
-    """Median over `repeats` of the mean wall time per call, in microseconds."""
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(samples)
 
 
 def four_ops():
@@ -60,21 +46,12 @@ def encoder_layer():
 def llama_decode():
     import transformers
 
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(  # the configuration of examples/llm_decode.py
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+    from llm_decode import cache_argument, tiny_llama
+
+    cfg, model = tiny_llama("cpu")
     cache = transformers.StaticCache(config=cfg, max_cache_len=4096)
-    cache_arg = (
-        "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    )
+    cache_arg = cache_argument(model)
 
     def step(ids, position):
         out = model(input_ids=ids, cache_position=position, use_cache=True, **{cache_arg: cache})

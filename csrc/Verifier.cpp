@@ -4,8 +4,6 @@
 
 #include <ATen/Context.h>
 
-#include <mutex>
-
 namespace graphtrees {
 
 ReplayVerifier::ReplayVerifier(const FlatArgs& flat, c10::Device device) {
@@ -16,39 +14,23 @@ ReplayVerifier::ReplayVerifier(const FlatArgs& flat, c10::Device device) {
     inputs_.push_back(i < flat.keyed_tensors ? flat.tensors[i].clone() : flat.tensors[i]);
     if (i < flat.keyed_tensors) copies_.push_back(inputs_.back());
   }
-  before_ = rngStates();
-}
-
-std::vector<std::pair<at::Generator, at::Tensor>> ReplayVerifier::rngStates() const {
-  std::vector<std::pair<at::Generator, at::Tensor>> states;
-  for (auto g : generators_) {
-    std::lock_guard<std::mutex> lock(g.mutex());
-    states.emplace_back(g, g.get_state());
-  }
-  return states;
-}
-
-void ReplayVerifier::setRng(const std::vector<std::pair<at::Generator, at::Tensor>>& states) {
-  for (auto s : states) {  // a Generator is a handle: the copy sets the generator's state
-    std::lock_guard<std::mutex> lock(s.first.mutex());
-    s.first.set_state(s.second);
-  }
+  before_ = RngStates(generators_);
 }
 
 py::object ReplayVerifier::check(
     const std::string& name, Verify mode, py::object replayed, const Graph& graph,
     const std::function<py::object(const std::vector<at::Tensor>&)>& eager) {
-  const auto after = rngStates();
-  setRng(before_);
+  const RngStates after(generators_);
+  before_.restore();
   py::object expected;
   std::string baked;
   try {
     baked = graph.explainDifference([&] { expected = eager(copies_); }, inputs_);
   } catch (...) {
-    setRng(after);
+    after.restore();
     throw;
   }
-  setRng(after);
+  after.restore();
   return py::module_::import("graphtrees._verify")
       .attr("check")(name, mode == Verify::kWarn, std::move(replayed), std::move(expected), baked);
 }

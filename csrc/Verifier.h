@@ -16,6 +16,7 @@
 
 #include "GraphOptions.h"
 #include "PyTree.h"
+#include "RngStates.h"
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -43,13 +44,10 @@ class ReplayVerifier {
                    const std::function<py::object(const std::vector<at::Tensor>&)>& eager);
 
  private:
-  void setRng(const std::vector<std::pair<at::Generator, at::Tensor>>& states);
-  std::vector<std::pair<at::Generator, at::Tensor>> rngStates() const;
-
   std::vector<at::Tensor> copies_;  // the argument tensors, copied before the call
   std::vector<at::Tensor> inputs_;  // the graph's inputs as the eager run sees them
   std::vector<at::Generator> generators_;
-  std::vector<std::pair<at::Generator, at::Tensor>> before_;
+  RngStates before_;
 };
 
 }  // namespace graphtrees

@@ -16,11 +16,8 @@ import transformers
 import graphtrees
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tokens", type=int, default=32)
-    args = parser.parse_args()
+def tiny_llama(device):
+    """The example's model: a 2-layer Llama from a config, random weights (seeded)."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=256,
@@ -31,17 +28,27 @@ def main():
         num_key_value_heads=2,
         max_position_embeddings=256,
     )
-    model = transformers.LlamaForCausalLM(cfg).to(args.device).eval()
+    return cfg, transformers.LlamaForCausalLM(cfg).to(device).eval()
+
+
+def cache_argument(model):
+    """transformers >= 5.24 calls the cache argument `cache`; earlier releases past_key_values."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tokens", type=int, default=32)
+    args = parser.parse_args()
+    cfg, model = tiny_llama(args.device)
     prompt = torch.randint(0, cfg.vocab_size, (1, 12), device=args.device)
     with torch.no_grad():
         reference = model.generate(
             prompt, max_new_tokens=args.tokens, do_sample=False, cache_implementation="static"
         )
         cache = transformers.StaticCache(config=cfg, max_cache_len=prompt.shape[1] + args.tokens)
-        # transformers >= 5.24 calls the cache argument `cache`; earlier releases past_key_values.
-        cache_arg = (
-            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        )
+        cache_arg = cache_argument(model)
 
         def step(ids, position):
             out = model(

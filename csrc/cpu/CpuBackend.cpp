@@ -103,8 +103,8 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
   std::string python_replay = spec.python_replay;
   const bool record_program = python_replay.empty();
   std::optional<RngStates> rng_at_start;
-  if (record_program) rng_at_start.emplace(spec.generators);  // before the routing starts
-  std::vector<std::pair<at::Generator, at::Tensor>> op_generators;
+  if (record_program) rng_at_start.emplace(withDefaultCpuGenerator(spec.generators));
+  RngStates op_generators;  // as the ops first took them
   std::string unproven;
   std::unique_ptr<OpProgram> program;
   std::vector<ProgramRecorder::SavedStorage> saved;
@@ -147,10 +147,10 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
   }
   if (program && !watch.collectives && unproven.empty()) {
     std::vector<at::Generator> generators = spec.generators;
-    for (const auto& g : op_generators) generators.push_back(g.first);
+    for (const auto& g : op_generators.generators()) generators.push_back(g);
     // Generators the ops took, as first seen; then the default one and the arguments as the
     // capture found them.
-    RngStates at_start(op_generators);
+    RngStates at_start = op_generators;
     at_start.append(*rng_at_start);
     const std::string failed = proveProgram(*program, inputs, *outputs, allocations, saved,
                                             at_start, generators, spec.function_name);

@@ -33,26 +33,26 @@ std::string firstLine(const std::string& s) {
   return s.substr(0, s.find('\n'));
 }
 
+// Runs `program` as a replay of the recording that made `recorded` runs it.
+void runOpProgram(const OpProgram& program, const std::vector<at::Tensor>& inputs,
+                  const std::vector<Allocation>& recorded, const std::string& function_name) {
+  RouteState st = replayRoute(&recorded, &function_name);
+  ReplayScope replay_scope(st.liveness);
+  AutocastCacheOff no_cast_cache;  // as it ran when captured (Note [Autocast and recordings])
+  RouteGuard guard(&st);
+  program.run(inputs, &st, function_name);
+}
+
 }  // namespace
 
 OutputLayout layoutOf(const at::Tensor& t) {
   return {t.storage().data(), t.sizes().vec(), t.strides().vec(), t.storage_offset()};
 }
 
-RngStates::RngStates(const std::vector<at::Generator>& generators) {
+std::vector<at::Generator> withDefaultCpuGenerator(const std::vector<at::Generator>& generators) {
   std::vector<at::Generator> all{at::detail::getDefaultCPUGenerator()};
   all.insert(all.end(), generators.begin(), generators.end());
-  for (auto& g : all) {
-    std::lock_guard<std::mutex> lock(g.mutex());
-    states_.emplace_back(g, g.get_state());
-  }
-}
-
-void RngStates::restore() const {
-  for (auto s : states_) {  // a Generator is a handle: the copy sets the generator's state
-    std::lock_guard<std::mutex> lock(s.first.mutex());
-    s.first.set_state(s.second);
-  }
+  return all;
 }
 
 CpuGraph::CpuGraph(std::vector<Allocation> allocations, std::vector<OutputLayout> outputs,
@@ -79,23 +79,12 @@ void CpuGraph::replay(const RunFn& run, const std::vector<at::Tensor>& call_inpu
 }
 
 void CpuGraph::replayProgram(const std::vector<at::Tensor>& inputs) {
-  RouteState st;
-  st.mode = RouteMode::kReplay;
-  st.recorded = &allocations_;
-  st.function_name = &name_;
-  st.liveness = std::make_shared<ReplayLiveness>();
-  ReplayScope replay_scope(st.liveness);
-  AutocastCacheOff no_cast_cache;  // as it ran when captured (Note [Autocast and recordings])
-  RouteGuard guard(&st);
-  runBlocking([&] { program_->run(inputs, &st, name_); });  // no Python: the GIL is released
+  // No Python runs: the GIL is released.
+  runBlocking([&] { runOpProgram(*program_, inputs, allocations_, name_); });
 }
 
 void CpuGraph::replayPython(const RunFn& run, const std::vector<at::Tensor>& inputs) {
-  RouteState st;
-  st.mode = RouteMode::kReplay;
-  st.recorded = &allocations_;
-  st.function_name = &name_;
-  st.liveness = std::make_shared<ReplayLiveness>();
+  RouteState st = replayRoute(&allocations_, &name_);
   ReplayScope replay_scope(st.liveness);
   std::vector<at::Tensor> outputs;
   CollectiveBuffers collective_buffers(uses_collectives_);
@@ -187,7 +176,7 @@ std::string proveProgram(const OpProgram& program, const std::vector<at::Tensor>
     const auto begin = reinterpret_cast<uintptr_t>(s.storage.data());
     saved_after.push_back(bytesOf(begin, begin + s.before.size()));
   }
-  const RngStates at_end(generators);
+  const RngStates at_end(withDefaultCpuGenerator(generators));
   std::string why;
   // Twice, over memory filled with 0x00 and then 0xFF: an output that depends on memory no op
   // wrote (a tensor Python filled, an uninitialised read) cannot match both times.
@@ -201,17 +190,7 @@ std::string proveProgram(const OpProgram& program, const std::vector<at::Tensor>
     }
     try {
       at_start.restore();
-      RouteState st;
-      st.mode = RouteMode::kReplay;
-      st.recorded = &allocations;
-      st.function_name = &function_name;
-      st.liveness = std::make_shared<ReplayLiveness>();
-      {
-        ReplayScope replay_scope(st.liveness);
-        AutocastCacheOff no_cast_cache;
-        RouteGuard guard(&st);
-        program.run(inputs, &st, function_name);
-      }
+      runOpProgram(program, inputs, allocations, function_name);
       for (size_t i = 0; why.empty() && i < outputs.size(); ++i) {
         if (!sameBytes(outputs[i], expected[i])) {
           why = "output " + std::to_string(i) + " differed from the recording's";

@@ -28,6 +28,7 @@
 // ("cpu_replay"), and the log says once why a function has the Python replay.
 
 #include "Backend.h"
+#include "RngStates.h"
 #include "cpu/OpProgram.h"
 #include "cpu/ProgramRecorder.h"
 #include "cpu/RoutingAllocator.h"
@@ -50,22 +51,8 @@ struct OutputLayout {
 };
 OutputLayout layoutOf(const at::Tensor& t);
 
-// Generator states to put back later, in order (a generator listed twice gets the later state).
-class RngStates {
- public:
-  // The default CPU generator and `generators`, now.
-  explicit RngStates(const std::vector<at::Generator>& generators);
-  // States taken earlier.
-  explicit RngStates(std::vector<std::pair<at::Generator, at::Tensor>> states)
-      : states_(std::move(states)) {}
-  void append(const RngStates& later) {
-    states_.insert(states_.end(), later.states_.begin(), later.states_.end());
-  }
-  void restore() const;
-
- private:
-  std::vector<std::pair<at::Generator, at::Tensor>> states_;
-};
+// The default CPU generator, then `generators`.
+std::vector<at::Generator> withDefaultCpuGenerator(const std::vector<at::Generator>& generators);
 
 class CpuGraph final : public Graph {
  public:
@@ -97,8 +84,8 @@ class CpuGraph final : public Graph {
 
 // The completeness proof of Note [CPU graphs]: empty if `program`, run on the capture's `inputs`
 // from the RNG states `at_start`, reproduces `outputs` and the final bytes of `saved` (the
-// storages it wrote that the function did not make); otherwise why not. Leaves memory and RNG as
-// the capture left them either way.
+// storages it wrote that the function did not make); otherwise why not. Leaves memory and RNG
+// (the default CPU generator and `generators`) as the capture left them either way.
 std::string proveProgram(const OpProgram& program, const std::vector<at::Tensor>& inputs,
                          const std::vector<at::Tensor>& outputs,
                          const std::vector<Allocation>& allocations,

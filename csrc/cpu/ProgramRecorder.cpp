@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 
 namespace graphtrees {
 
@@ -287,14 +286,9 @@ void ProgramRecorder::noteWrite(const at::Tensor& t) {
 }
 
 void ProgramRecorder::noteGenerator(const at::Generator& g) {
-  if (allocations_ == nullptr) return;
-  for (const auto& known : generators_) {
-    if (known.first == g) return;
-  }
+  if (allocations_ == nullptr || generators_.has(g)) return;
   RouteSuspended outside_the_pool;  // the state is graphtrees' copy
-  at::Generator gen = g;
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  generators_.emplace_back(gen, gen.get_state());
+  generators_.add(g);
 }
 
 std::unique_ptr<OpProgram> ProgramRecorder::finish(std::string* why) {

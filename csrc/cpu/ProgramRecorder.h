@@ -2,6 +2,7 @@
 
 // Records the op program (cpu/OpProgram.h) of one run of a function on the calling thread.
 
+#include "RngStates.h"
 #include "cpu/OpProgram.h"
 #include "cpu/RoutingAllocator.h"
 
@@ -65,9 +66,7 @@ class ProgramRecorder {
   static constexpr size_t kSavedBytesLimit = size_t{1} << 30;
   // The generators its ops took as arguments (a closure's, say), with their states when first
   // seen: the proof rewinds them too.
-  const std::vector<std::pair<at::Generator, at::Tensor>>& generatorStates() const {
-    return generators_;
-  }
+  const RngStates& generatorStates() const { return generators_; }
 
  private:
   static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
@@ -95,7 +94,7 @@ class ProgramRecorder {
   std::vector<SavedStorage> saved_;
   size_t saved_bytes_ = 0;
   std::string unproven_;
-  std::vector<std::pair<at::Generator, at::Tensor>> generators_;
+  RngStates generators_;
   std::string failure_;
   int depth_ = 0;
   ProgramRecorder* prev_;

@@ -146,6 +146,15 @@ RouterAllocator* router() {
 
 }  // namespace
 
+RouteState replayRoute(const std::vector<Allocation>* recorded, const std::string* function_name) {
+  RouteState st;
+  st.mode = RouteMode::kReplay;
+  st.recorded = recorded;
+  st.function_name = function_name;
+  st.liveness = std::make_shared<ReplayLiveness>();
+  return st;
+}
+
 void pushRoute(RouteState* state) {
   state->prev = tls_route;
   tls_route = state;

@@ -49,6 +49,9 @@ struct RouteState {
   RouteState* prev = nullptr;
 };
 
+// The routing of a replay of `recorded` (Note [CPU emulation of graphs]), with a fresh liveness.
+RouteState replayRoute(const std::vector<Allocation>* recorded, const std::string* function_name);
+
 // Makes `state` the calling thread's routing until destroyed (or until popRoute()).
 void pushRoute(RouteState* state);
 // Undoes the last pushRoute() and returns its state.
