@@ -43,6 +43,9 @@ struct FunctionRecord {
   int64_t id = 0;
   int64_t callable_id = 0;  // shared by every signature of one wrapped callable
   FunctionMode mode = FunctionMode::kInference;
+  // Whether its runs open (a forward) or close (a backward) a pending backward: false for every
+  // piece of a split graph but one (Note [Pending backward]).
+  bool counts_pending = true;
   std::string name;
   std::vector<uint8_t> is_static;  // per flat input
   // The wrapper's options (warmup_iters, rerecord_limit, chain_limit, on_overwrite, ...); the

@@ -111,6 +111,7 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
   FunctionRecord& r = sig->record;
   r.id = next_function_id++;
   r.mode = mode_;
+  r.counts_pending = counts_pending_;
   r.callable_id = callable_id_;
   r.eager_reason = eager_reason_;
   r.name = signatures_created_ == 0 ? name_ : name_ + "#" + std::to_string(signatures_created_);

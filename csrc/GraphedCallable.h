@@ -37,6 +37,9 @@ class GraphedCallable {
   // Per-signature state, for introspection.
   py::list signatures() const;
   const std::string& name() const { return name_; }
+  // FunctionRecord::counts_pending of the signatures made from now on.
+  void setCountsPending(bool counts) { counts_pending_ = counts; }
+  bool countsPending() const { return counts_pending_; }
 
   // `counter`: a Python list whose item 0 counts the parameters, buffers and submodules any module
   // registered (graphtrees/_hooks.py; plain Python, so that dynamo traces the hooks with no graph
@@ -62,6 +65,7 @@ class GraphedCallable {
   const GraphOptions options_;
   std::vector<uint8_t> static_args_;  // options_.static_argnums, as a mask over positions
   FunctionMode mode_;
+  bool counts_pending_ = true;
   std::string eager_reason_;
   SignatureCache signatures_;
   int64_t callable_id_;

@@ -41,7 +41,9 @@ std::optional<std::string> PathPolicy::stepBegan() {
 // micro-batches' forwards run before their backwards. A backward clears the state.
 // mark_step_begin() still starts a new step. A forward whose backward never runs (evaluation
 // under grad mode, say) extends the path at most kMaxPendingRuns times; then a warning says
-// what to do and a new step starts anyway.
+// what to do and a new step starts anyway. A graph split into pieces (Note [Piecewise graphs] in
+// graphtrees/_piecewise.py) counts once: its first recorded forward piece opens the pending
+// backward and its last recorded backward piece closes it (the others have counts_pending off).
 std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
                                                    bool consumes_generation_output) {
   const CallableState& callable = *fn.cache.callable;
@@ -86,6 +88,7 @@ void PathPolicy::noteRun(const FunctionRecord& fn) {
 }
 
 void PathPolicy::noteFinished(const FunctionRecord& fn, RunKind kind) {
+  if (!fn.counts_pending) return;  // a piece of a split graph that another piece speaks for
   // A forward that ran eagerly saved nothing in the pool: no backward waits on this path.
   if (fn.mode == FunctionMode::kForward && kind != RunKind::kEager) {
     pending_forwards_++;

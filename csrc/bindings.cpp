@@ -223,6 +223,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly(
           "options", [](const GraphedCallable& g) { return toDict(g.options()); },
           "The validated options, by the names graphtrees.cudagraphify takes them.")
+      .def_property("_counts_pending", &GraphedCallable::countsPending,
+                    &GraphedCallable::setCountsPending,
+                    "Whether its runs open or close a pending backward (Note [Pending backward]); "
+                    "graphtrees turns it off on all pieces of a split graph but one.")
       .def("signatures", &GraphedCallable::signatures,
            "Per call signature: function id, warmups and re-records (in the calling thread's "
            "tree) and the eager-fallback reason.")

@@ -15,7 +15,7 @@ from ._api import (
     tree_info,
     tree_to_dot,
 )
-from ._dynamo_backend import SkipError, compile, make_backend
+from ._dynamo_backend import SkipError, compile, make_backend, split_info
 from ._ext import has_ext
 from ._verify import ReplayMismatchError
 from ._version import __version__
@@ -32,6 +32,7 @@ __all__ = [
     "memory_budget",
     "reset",
     "set_memory_budget",
+    "split_info",
     "tree_info",
     "tree_to_dot",
     "__version__",

@@ -10,9 +10,13 @@ or aot_eager) and wrapped as a graphtrees function:
   managed inputs, used in place, never copied; the backward node becomes a child of its forward;
 * symbolic sizes arrive as Python ints, so each distinct shape is its own function, at most
   ``max_recorded_shapes`` of them per compiled graph (least recently used evicted);
-* graphs that cannot be recorded (``.item()``, data-dependent shapes, mutation of an eager input,
-  CPU ops in a CUDA graph, parameters that FSDP2 unshards) run eagerly with the reason and source
-  line logged -- or raise under ``strict=True``.
+* a graph with ops that cannot be recorded (``.item()``, data-dependent shapes, ops tagged
+  cudagraph_unsafe, mutation of an eager input, CPU ops and device copies in a CUDA graph, the
+  user's ``splitting_ops``) is split around them: each recorded piece is a node of the tree and
+  the ops between run eagerly (Note [Piecewise graphs] in _piecewise.py), with where and why
+  logged once per graph;
+* graphs that no split helps (parameters that FSDP2 unshards, nothing left to record) run
+  eagerly with the reason and source line logged -- or raise under ``strict=True``.
 
 The backend is registered through the ``torch_dynamo_backends`` entry point, so
 ``torch.compile(model, backend="graphtrees")`` works after ``pip install`` without an import.
@@ -29,7 +33,9 @@ from typing import Any
 import torch
 
 from ._ext import get_ext, has_ext
-from ._graph_checks import fsdp2_reason, skip_reason
+from ._graph_checks import CHOSEN as _CHOSEN
+from ._graph_checks import fsdp2_reason, node_reasons
+from ._piecewise import SplittingOps, build, describe, plan, summary
 
 _INNER = ("inductor", "aot_eager")
 
@@ -116,12 +122,16 @@ class _Options:
     on_overwrite: str = "raise"
     chain_limit: int = 16
     verify: bool | str | None = None
+    piecewise: bool = True
+    min_piece_ops: int = 3
+    splitting_ops: Any = ()
 
     def __post_init__(self):
         if self.inner not in _INNER:
             raise ValueError(f"graphtrees: inner must be one of {_INNER}, got {self.inner!r}")
         if self.inner_options is not None and (
-            not isinstance(self.inner_options, dict) or self.inner != "inductor"
+            not isinstance(self.inner_options, dict)
+            or (self.inner_options and self.inner != "inductor")
         ):
             raise ValueError(
                 "graphtrees: inner_options must be a dict of Inductor config options "
@@ -129,6 +139,20 @@ class _Options:
                 f"{self.inner_options!r} with inner={self.inner!r}"
             )
         object.__setattr__(self, "strict", bool(self.strict))
+        if not isinstance(self.piecewise, bool):
+            raise TypeError(f"graphtrees: piecewise must be True or False, got {self.piecewise!r}")
+        if (
+            not isinstance(self.min_piece_ops, int)
+            or isinstance(self.min_piece_ops, bool)
+            or self.min_piece_ops < 1
+        ):
+            raise ValueError(
+                f"graphtrees: min_piece_ops must be an int >= 1, got {self.min_piece_ops!r}"
+            )
+        if not isinstance(self.splitting_ops, SplittingOps):
+            object.__setattr__(self, "splitting_ops", SplittingOps.parse(self.splitting_ops))
+        if self.splitting_ops.names and not self.piecewise:
+            raise ValueError("graphtrees: splitting_ops needs piecewise=True")
         object.__setattr__(self, "inner_options", dict(self.inner_options or {}))
         if has_ext():  # without it, the first compiled graph reports the missing build
             get_ext()._validate_options("graphtrees", self.graph_options, 1)
@@ -153,7 +177,8 @@ _GRAPH_OPTIONS = (
     "chain_limit",
 )
 # Every option the backend takes, each listed once: the fields of _Options.
-_BACKEND_OPTIONS = tuple(f.name for f in dataclasses.fields(_Options) if f.name != "inner")
+_OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(_Options))
+_BACKEND_OPTIONS = tuple(f for f in _OPTION_FIELDS if f != "inner")
 
 
 # torch.compile's modes, as graphtrees reads them: it records the graphs itself, so the modes
@@ -191,33 +216,110 @@ def _mode_options(mode: str | None, inner: str) -> dict:
     return {k: v for k, v in list_mode_options(mode).items() if k != "triton.cudagraphs"}
 
 
+def _traced_strides(gm: torch.fx.GraphModule) -> list[Any]:
+    """The strides of `gm`'s outputs as traced (None where an output is not a tensor)."""
+    outputs = gm.graph.output_node().args[0]
+    vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in outputs]
+    return [tuple(v.stride()) if isinstance(v, torch.Tensor) else None for v in vals]
+
+
+def _graphed(opts, run, static_idxs, mode, name, reason="") -> Any:
+    return get_ext().GraphedCallable(
+        run, dict(opts.graph_options, static_argnums=list(static_idxs)), None, name, mode, reason
+    )
+
+
+def _boxed(run: Callable[..., Any]) -> Callable[[list], Any]:
+    def boxed(args):
+        flat = list(args)
+        args.clear()  # AOTAutograd's boxed convention: the callee owns the inputs now
+        return run(*flat)
+
+    boxed._boxed_call = True
+    return boxed
+
+
+# compile(gm, example_inputs, static_idxs) -> a boxed callable running gm: the inner compiler.
+Compile = Callable[[torch.fx.GraphModule, Sequence[Any], Sequence[int]], Callable[[list], Any]]
+
+
 def _wrap(
     opts: _Options,
-    compiled: Callable[[list], Any],
+    compile_fn: Compile,
     gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
     static_idxs: Sequence[int],
     mode: Any,
     name: str,
     graph_reason: str = "",
 ) -> Callable[[list], Any]:
-    # graph_reason: why the whole dynamo graph (forward and backward) cannot be recorded.
-    reason = graph_reason or skip_reason(gm, static_idxs) or ""
+    """The AOT graph `gm` as graphtrees functions: one, or one per recorded piece of a split
+    (Note [Piecewise graphs]). graph_reason: why the whole dynamo graph (forward and backward)
+    cannot be recorded."""
+    reasons, whole = (
+        ({}, graph_reason) if graph_reason else node_reasons(gm, static_idxs, opts.splitting_ops)
+    )
+    if reasons and not whole and opts.piecewise:
+        pieces = plan(gm, reasons, opts.min_piece_ops)
+        _splits[name] = summary(name, pieces)
+        if any(p.recorded for p in pieces):
+            return _wrap_pieces(
+                opts, compile_fn, gm, example_inputs, static_idxs, mode, name, pieces, reasons
+            )
+        whole = "; ".join(dict.fromkeys(w for p in pieces for w in p.why_eager))
+        whole = f"no piece left to record after splitting it ({whole})"
+    reason = whole or next(iter(reasons.values()), "")
     if reason and opts.strict:
         raise SkipError(f"graphtrees (strict=True): cannot record '{name}': {reason}")
+    compiled = compile_fn(gm, example_inputs, static_idxs)
+    graphed = _graphed(opts, lambda *args: compiled(list(args)), static_idxs, mode, name, reason)
+    boxed = _boxed(graphed)
+    boxed.graphed = [graphed]
+    return boxed
 
-    def run(*args):
-        return compiled(list(args))
 
-    graphed = get_ext().GraphedCallable(
-        run, dict(opts.graph_options, static_argnums=list(static_idxs)), None, name, mode, reason
-    )
+def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """`fn` under a name the top-level FX code can call it by."""
 
-    def boxed(args):
-        flat = list(args)
-        args.clear()  # AOTAutograd's boxed convention: the callee owns the inputs now
-        return graphed(*flat)
+    def piece(*args):
+        return fn(*args)
 
-    boxed._boxed_call = True
+    piece.__name__ = piece.__qualname__ = name
+    return piece
+
+
+def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, pieces, reasons):
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    example = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
+    static = {placeholders[i].name for i in static_idxs} | set(_static_aliases(gm, static_idxs))
+    recorded = [i for i, p in enumerate(pieces) if p.recorded]
+    # Note [Pending backward]: the first forward piece and the last backward piece count.
+    counting = recorded[-1] if mode == _modes().BACKWARD else recorded[0]
+    graphed = []
+
+    def make_piece(i, piece, module):
+        if not piece.recorded:
+            return _named(module.forward, f"eager_piece_{i + 1}")
+        piece_static = [k for k, a in enumerate(piece.inputs) if a.name in static]
+        inputs = [example.get(a, a.meta.get("val")) for a in piece.inputs]
+        compiled = compile_fn(module, inputs, piece_static)
+        g = _graphed(
+            opts,
+            lambda *args: compiled(list(args)),
+            piece_static,
+            mode,
+            f"{name}[{i + 1}/{len(pieces)}]",
+        )
+        g._counts_pending = i == counting
+        graphed.append(g)
+        return _named(g, f"recorded_piece_{i + 1}")
+
+    top = build(gm, pieces, make_piece)
+    # A split the user asked for (splitting_ops only) is news; one forced by an op is a warning.
+    chosen = all(_CHOSEN in r for r in reasons.values())
+    _logger.log(logging.INFO if chosen else logging.WARNING, "%s", describe(name, pieces))
+    boxed = _boxed(top.forward)
+    boxed.top = top
     boxed.graphed = graphed
     return boxed
 
@@ -225,15 +327,22 @@ def _wrap(
 def make_backend(**options) -> Callable:
     """A dynamo backend (for ``torch.compile(backend=...)``) with graphtrees options:
     inner ("inductor" or "aot_eager"), max_recorded_shapes, strict, warmup_iters,
-    rerecord_limit, inner_options (Inductor config options), on_overwrite, chain_limit, verify."""
-    opts = _Options(**options)
+    rerecord_limit, inner_options (Inductor config options), on_overwrite, chain_limit, verify,
+    piecewise, min_piece_ops, splitting_ops (see :func:`compile`). The same names passed in
+    ``torch.compile(..., options={...})`` set them for that compile; other names there are
+    Inductor config options."""
+    backend_opts = _Options(**options)
 
     def graphtrees_backend(
         gm: torch.fx.GraphModule, example_inputs: list[Any], mode=None, options=None
     ):
         # torch.compile(..., backend="graphtrees", mode=/options=) hands those on here (HF's
-        # CompileConfig passes mode="reduce-overhead" by default).
-        inner_options = {**_mode_options(mode, opts.inner), **opts.inner_options, **(options or {})}
+        # CompileConfig passes mode="reduce-overhead" by default). Options named as graphtrees'
+        # (inner, splitting_ops, ...) are graphtrees'; the rest are Inductor config options.
+        options = dict(options or {})
+        ours = {k: options.pop(k) for k in list(options) if k in _OPTION_FIELDS}
+        opts = dataclasses.replace(backend_opts, **ours) if ours else backend_opts
+        inner_options = {**_mode_options(mode, opts.inner), **opts.inner_options, **options}
         if inner_options and opts.inner != "inductor":
             raise TypeError(
                 f"graphtrees: Inductor options {sorted(inner_options)} need inner='inductor'"
@@ -252,32 +361,21 @@ def make_backend(**options) -> Callable:
         if opts.inner == "aot_eager":
             from torch._dynamo.backends.common import aot_autograd
 
+            def run_fx(aot_gm, aot_inputs, static):
+                return lambda args: aot_gm(*args)
+
             def fw_compiler(aot_gm, aot_inputs, is_inference=False):
                 static = _forward_static_indices(num_inputs, aot_inputs)
                 forward_static[:] = static
                 forward_static_aliases[:] = _static_aliases(aot_gm, static)
                 mode = _modes().INFERENCE if is_inference else _modes().FORWARD
-                return _wrap(
-                    opts,
-                    lambda args: aot_gm(*args),
-                    aot_gm,
-                    static,
-                    mode,
-                    f"{graph}.{mode_name(mode)}",
-                    graph_reason,
-                )
+                name = f"{graph}.{mode_name(mode)}"
+                return _wrap(opts, run_fx, aot_gm, aot_inputs, static, mode, name, graph_reason)
 
             def bw_compiler(aot_gm, aot_inputs):
                 static = _backward_static_indices(aot_gm, forward_static, forward_static_aliases)
-                return _wrap(
-                    opts,
-                    lambda args: aot_gm(*args),
-                    aot_gm,
-                    static,
-                    _modes().BACKWARD,
-                    f"{graph}.backward",
-                    graph_reason,
-                )
+                mode, name = _modes().BACKWARD, f"{graph}.backward"
+                return _wrap(opts, run_fx, aot_gm, aot_inputs, static, mode, name, graph_reason)
 
             return aot_autograd(
                 fw_compiler=fw_compiler,
@@ -290,7 +388,6 @@ def make_backend(**options) -> Callable:
 
         def inner_compile(aot_gm, aot_inputs, **kwargs):
             kwargs["cudagraphs"] = BoxedBool(False)  # graphtrees records the graphs
-            compiled = compile_fx_inner(aot_gm, aot_inputs, **kwargs)
             if kwargs.get("is_backward", False):
                 mode = _modes().BACKWARD
                 static = _backward_static_indices(aot_gm, forward_static, forward_static_aliases)
@@ -302,9 +399,47 @@ def make_backend(**options) -> Callable:
                 )
                 forward_static[:] = static
                 forward_static_aliases[:] = _static_aliases(aot_gm, static)
-            return _wrap(
-                opts, compiled, aot_gm, static, mode, f"{graph}.{mode_name(mode)}", graph_reason
+
+            from torch._guards import TracingContext
+
+            context = TracingContext.try_get()
+            # AOTAutograd reads the strides of the graph's outputs from the tracing context,
+            # where Inductor puts them. A piece of a split must not (Note [Piecewise graphs]).
+            reported = context.output_strides if context is not None else None
+
+            def run_inductor(piece_gm, piece_inputs, piece_static):
+                piece_kwargs = dict(kwargs, static_input_idxs=list(piece_static))
+                if piece_gm is aot_gm:
+                    return compile_fx_inner(piece_gm, list(piece_inputs), **piece_kwargs)
+                # Every output of a piece keeps its traced strides: the pieces after it were
+                # traced with them, and AOTAutograd is told them (below).
+                out = piece_gm.graph.output_node()
+                out.meta["user_visible_output_idxs"] = list(range(len(out.args[0])))
+                # AOTAutograd's donated buffers (backward inputs Inductor may overwrite) are
+                # indices into the whole backward's inputs, and a later piece may still read one.
+                meta = getattr(context, "fw_metadata", None)
+                donated = getattr(meta, "bw_donated_idxs", None)
+                if donated:
+                    meta.bw_donated_idxs = []
+                if reported is not None:
+                    context.output_strides = []
+                try:
+                    return compile_fx_inner(piece_gm, list(piece_inputs), **piece_kwargs)
+                finally:
+                    if reported is not None:
+                        context.output_strides = reported
+                    if donated:
+                        meta.bw_donated_idxs = donated
+
+            name = f"{graph}.{mode_name(mode)}"
+            wrapped = _wrap(
+                opts, run_inductor, aot_gm, aot_inputs, static, mode, name, graph_reason
             )
+            if reported is not None and not reported and hasattr(wrapped, "top"):
+                # Each piece keeps its outputs' strides as traced (Inductor's
+                # keep_output_stride), so the graph's outputs have the traced strides.
+                reported.extend(_traced_strides(aot_gm))
+            return wrapped
 
         # AOTAutograd's cache could hand back a plain Inductor compilation of the same graph
         # without calling inner_compile, and nothing would be recorded: bypass it.
@@ -322,8 +457,25 @@ def make_backend(**options) -> Callable:
 
 
 def _reset_trees() -> None:
+    _splits.clear()
     if has_ext():
         get_ext().reset()
+
+
+# Graph name -> its pieces, for every graph split since torch._dynamo.reset().
+_splits: dict[str, list[dict]] = {}
+
+
+def split_info() -> dict[str, list[dict]]:
+    """The graphs graphtrees split into pieces (Note [Piecewise graphs]) since the last
+    ``torch._dynamo.reset()``, including those left with no piece to record (which run eagerly
+    whole): graph name (``"graph0.forward"``) -> one dict per piece, in order:
+    ``piece`` (``"graph0.forward[1/3]"``, the name its tree nodes have), ``recorded``, ``ops``
+    (ops in it, host scalars not counted) and ``why_eager`` (empty for a recorded piece)."""
+    return {
+        name: [dict(p, why_eager=list(p["why_eager"])) for p in pieces]
+        for name, pieces in _splits.items()
+    }
 
 
 # The backend registered as "graphtrees" (default options: inner="inductor").
@@ -339,7 +491,17 @@ def compile(model: Callable | None = None, *, inner: str = "inductor", **options
         inner: the compiler of each forward/backward graph: "inductor" or "aot_eager".
         max_recorded_shapes: recordings per compiled graph (one per distinct input shape);
             past it the least recently used one is evicted (logged, counted in tree_info).
-        strict: raise instead of running a graph eagerly when it cannot be recorded.
+        strict: raise instead of running a graph eagerly when it cannot be recorded, even
+            split (a graph that is split into recorded pieces does not raise).
+        piecewise: split a graph around the ops that cannot be recorded (default True); False
+            runs such a graph eagerly whole, as graphtrees did before.
+        min_piece_ops: a piece of a split graph with fewer ops than this (default 3) runs
+            eagerly: its replay would cost about what running its ops costs.
+        splitting_ops: op names to keep out of recordings, run eagerly between recorded pieces
+            (as vLLM's ``splitting_ops``), e.g. ``["aten::scaled_dot_product_attention"]`` for
+            an attention whose kernel picks its work from the sequence length, or
+            ``["mylib::paged_attention"]``. An aten entry also matches the ops a Python function
+            of that name lowered to.
         warmup_iters, rerecord_limit, on_overwrite, chain_limit, verify: as for
             :func:`graphtrees.cudagraphify`. On the CPU backend, graphs compiled by Inductor
             replay by running them again (``cpu_replay="python"``: Inductor's CPU kernels are

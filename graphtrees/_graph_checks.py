@@ -1,11 +1,12 @@
-"""The checks of a dynamo graph before graphtrees records it: why a graph cannot be recorded
-(``skip_reason``: data-dependent ops, host reads, CPU ops in a CUDA graph, mutation of eager
-inputs) and FSDP2's unsharded parameters (``fsdp2_reason``, Note [FSDP2 parameters]). Where
-PyTorch has a twin, graphtrees uses it when it is importable and adds what graphtrees checks
-beyond it:
+"""The checks of a dynamo graph before graphtrees records it: why each op cannot be inside a
+recording (``node_reasons``: data-dependent ops, host reads, CPU ops and device copies in a CUDA
+graph, mutation of eager inputs, the user's ``splitting_ops``; graphtrees/_piecewise.py splits
+the graph around them) and FSDP2's unsharded parameters (``fsdp2_reason``,
+Note [FSDP2 parameters]). Where PyTorch has a twin, graphtrees uses it when it is importable
+and adds what graphtrees checks beyond it:
 
-* ``_pytorch_incompatible_node``: ``torch._inductor.utils.get_first_incompatible_cudagraph_node``
-  (what PyTorch's own trees refuse to record);
+* ``_is_unsafe_for_pytorch``: ``torch._inductor.utils.is_cudagraph_unsafe_fx_node`` (what
+  PyTorch's own trees refuse to record);
 * ``_pytorch_mutated_inputs``: ``torch._dynamo.backends.cudagraphs.find_input_mutations``;
 * ``fsdp2_reason`` has no twin: PyTorch's trees re-record such graphs at every step.
 """
@@ -36,20 +37,6 @@ _DATA_DEPENDENT_OPS = {
     "run_and_save_rng_state",
     "run_with_rng_state",
 }
-
-
-def _pytorch_incompatible_node(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
-    """The first node PyTorch's own trees refuse to record (forbidden ops, the cudagraph_unsafe
-    tag, input-dependent cases such as index_put with boolean indices, sparse outputs,
-    data-dependent shapes), where this torch provides the check."""
-    try:
-        from torch._inductor.utils import get_first_incompatible_cudagraph_node
-    except ImportError:  # pragma: no cover - older torch
-        return None
-    try:
-        return get_first_incompatible_cudagraph_node(gm)
-    except Exception:  # noqa: BLE001 - a check of ours must not break compilation
-        return None
 
 
 def _pytorch_mutated_inputs(gm: torch.fx.GraphModule) -> set:
@@ -165,20 +152,12 @@ def _tensor_vals(val: Any) -> list[torch.Tensor]:
     return []
 
 
-def _has_unbacked(val: Any) -> bool:
-    try:
-        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    except ImportError:  # pragma: no cover - very old torch
-        return False
-    return any(free_unbacked_symbols(t) for t in _tensor_vals(val))
-
-
-def _mutated_inputs(gm: torch.fx.GraphModule) -> dict[int, torch.fx.Node]:
-    """Flat input index -> the node that writes to that input's storage."""
+def _input_writes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
+    """Each node that writes to the storage of a graph input -> that input's flat index."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     storages: dict[Any, int] = {}
-    mutated: dict[int, torch.fx.Node] = {}
+    writes: dict[torch.fx.Node, int] = {}
     index = 0
     for n in gm.graph.nodes:
         if n.op == "placeholder":
@@ -197,47 +176,90 @@ def _mutated_inputs(gm: torch.fx.GraphModule) -> dict[int, torch.fx.Node]:
             if isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), torch.Tensor):
                 ref = StorageWeakRef(value.meta["val"].untyped_storage())
                 if ref in storages:
-                    mutated.setdefault(storages[ref], n)
-    return mutated
+                    writes.setdefault(n, storages[ref])
+    return writes
 
 
-def skip_reason(gm: torch.fx.GraphModule, static_idxs: Sequence[int]) -> str | None:
-    """Why `gm` cannot be recorded as a graph, or None."""
+def op_name(node: torch.fx.Node) -> str:
+    return str(getattr(node.target, "_overloadpacket", node.target))
+
+
+def _is_unsafe_for_pytorch(node: torch.fx.Node) -> bool:
+    """Whether PyTorch's own trees refuse to record `node` (forbidden ops, the cudagraph_unsafe
+    tag, input-dependent cases such as index_put with boolean indices, sparse outputs), where
+    this torch provides the check (torch._inductor.utils.is_cudagraph_unsafe_fx_node)."""
+    try:
+        from torch._inductor.utils import is_cudagraph_unsafe_fx_node
+    except ImportError:  # pragma: no cover - older torch
+        return False
+    try:
+        return bool(is_cudagraph_unsafe_fx_node(node))
+    except Exception:  # noqa: BLE001 - a check of ours must not break compilation
+        return False
+
+
+def is_host_scalar(node: torch.fx.Node) -> bool:
+    """A node that computes a host value from sizes and other host values (sym_size, SymInt
+    arithmetic, _assert_scalar on them): no kernel, and fixed for a recording, whose signature
+    holds every int it is called with."""
+    if node.op != "call_function" or _tensor_vals(node.meta.get("val")):
+        return False
+    if op_name(node) in ("aten.sym_size", "aten.sym_stride", "aten.sym_numel"):
+        return True  # reads a tensor's metadata, not its data
+    return not any(_tensor_vals(a.meta.get("val")) for a in node.all_input_nodes)
+
+
+# How a reason says that the user's splitting_ops chose the op.
+CHOSEN = "splitting_ops entry"
+
+
+def node_reasons(
+    gm: torch.fx.GraphModule, static_idxs: Sequence[int], splitting_ops: Any = None
+) -> tuple[dict[torch.fx.Node, str], str | None]:
+    """Why each op of `gm` cannot be inside a recording ({node: reason}), and why the graph as a
+    whole cannot be recorded even split (or None). `splitting_ops` (a SplittingOps) names ops
+    the user keeps out of recordings."""
     devices = {
         t.device.type
         for n in gm.graph.nodes
         if n.op == "placeholder"
         for t in _tensor_vals(n.meta.get("val"))
     }
+    cuda = "cuda" in devices
     unsafe_tag = getattr(torch.Tag, "cudagraph_unsafe", None)
+    static = set(static_idxs)
+    writes = {n: i for n, i in _input_writes(gm).items() if i not in static}
+    reasons: dict[torch.fx.Node, str] = {}
     for n in gm.graph.nodes:
-        if n.op != "call_function":
+        if n.op != "call_function" or is_host_scalar(n):
             continue
-        name = str(getattr(n.target, "_overloadpacket", n.target))
+        name = op_name(n)
         tags = getattr(n.target, "tags", ())
-        if (
+        where = _where(n)
+        if splitting_ops is not None and (entry := splitting_ops.match(n)) is not None:
+            reasons[n] = f"{name} ({CHOSEN} {entry!r}){where}"
+        elif (
             name in _DATA_DEPENDENT_OPS
             or str(n.target) in _DATA_DEPENDENT_OPS
             or (unsafe_tag is not None and unsafe_tag in tags)
         ):
-            return f"incompatible op {name}{_where(n)}"
-        if _has_unbacked(n.meta.get("val")):
-            return f"data-dependent shape from {name}{_where(n)}"
-        if "cuda" in devices and any(
+            reasons[n] = f"incompatible op {name}{where}"
+        elif n.meta.get("unbacked_bindings"):
+            reasons[n] = f"data-dependent shape from {name}{where}"
+        elif _is_unsafe_for_pytorch(n):
+            reasons[n] = f"incompatible op {name}{where}"
+        elif cuda and any(
             t.device.type == "cpu" and t.dim() > 0 for t in _tensor_vals(n.meta.get("val"))
         ):
-            return f"CPU op {name} inside a CUDA graph{_where(n)}"
-    unsafe = _pytorch_incompatible_node(gm)
-    if unsafe is not None:
-        name = str(getattr(unsafe.target, "_overloadpacket", unsafe.target))
-        if _has_unbacked(unsafe.meta.get("val")):
-            return f"data-dependent shape from {name}{_where(unsafe)}"
-        return f"incompatible op {name}{_where(unsafe)}"
-    static = set(static_idxs)
-    ours = _mutated_inputs(gm)
-    for idx in sorted(set(ours) | _pytorch_mutated_inputs(gm)):
-        if idx not in static:
-            node = ours.get(idx)
-            by = f" by {node.target}{_where(node)}" if node is not None else ""
-            return f"mutation of eager input #{idx}{by}"
-    return None
+            reasons[n] = f"CPU op {name} inside a CUDA graph{where}"
+        elif cuda and any(
+            t.device.type == "cpu" and t.dim() > 0
+            for a in n.all_input_nodes
+            for t in _tensor_vals(a.meta.get("val"))
+        ):
+            reasons[n] = f"device copy {name} from CPU inside a CUDA graph{where}"
+        elif n in writes:
+            reasons[n] = f"mutation of eager input #{writes[n]} by {n.target}{where}"
+    # An input PyTorch's check finds mutated where no op of ours writes it cannot be split out.
+    unlocated = sorted(_pytorch_mutated_inputs(gm) - static - set(writes.values()))
+    return reasons, (f"mutation of eager input #{unlocated[0]}" if unlocated else None)

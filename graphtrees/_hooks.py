@@ -46,9 +46,33 @@ _original_tolist = None
 _active_scopes = 0
 
 
+def _enclosing_custom_op() -> str | None:
+    """The torch.library.custom_op whose Python implementation is running on this thread's
+    stack, if any ("transformers::grouped_mm_fallback", say)."""
+    import sys
+
+    from torch._library.custom_ops import CustomOpDef
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, CustomOpDef):
+            return owner._qualname
+        frame = frame.f_back
+    return None
+
+
 def _watched_tolist(self, *args, **kwargs):
     if getattr(_capture_tls, "depth", 0) > 0:
-        _C._note_host_sync("Tensor.tolist() (reads the tensor's values on the host)")
+        what = "Tensor.tolist() (reads the tensor's values on the host)"
+        op = _enclosing_custom_op()
+        if op is not None:
+            # Such an op can be kept out of compiled recordings (Note [Piecewise graphs]).
+            what += (
+                f" inside the custom op {op}; under torch.compile, splitting_ops=['{op}'] runs "
+                "it eagerly between recorded pieces"
+            )
+        _C._note_host_sync(what)
     return _original_tolist(self, *args, **kwargs)
 
 

@@ -17,7 +17,7 @@
 # Stages, in priority order (the limits add up to the 480 s deadline; each is cut to what is left):
 #   build 110 | CUDA backend on 20 | priority tests 45 (the seed story and the HIGH defects'
 #   regression tests) | CUDA tests: backend 40, behaviour 50, ops and memory 35, compile and
-#   models 45 | expandable segments 25 | experiments 80 | benchmarks 30
+#   models 45, piecewise 25 | expandable segments 25 | experiments 55 | benchmarks 30
 #
 # Without a GPU (or with GPU_CHECK_REHEARSAL=1) it rehearses: the CUDA stages are reported as
 # skipped and everything else (build, summary, result files, the experiments' and benchmarks'
@@ -133,11 +133,13 @@ if [[ $HAVE_GPU == 1 ]]; then
     tests/test_pytree.py tests/test_memory.py tests/test_property.py
   stage "CUDA tests: compile and models" 45 "$OUT/tests.log" "${PYTEST[@]}" --durations=10 \
     -m needs_cuda tests/test_compile.py tests/integration
+  stage "CUDA tests: piecewise" 25 "$OUT/tests.log" "${PYTEST[@]}" --durations=10 -m needs_cuda \
+    tests/test_piecewise.py -k "aot_eager or cpu_op or in_place"
   # 5. The behaviour suite again with expandable segments, run directly.
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True stage "expandable segments" 25 "$OUT/tests.log" \
     "${PYTEST[@]}" -x -m needs_cuda tests/test_seed_story.py tests/test_tree_behaviour.py
   # 6. The desk review's experiments E1-E12, each in its own process with its own limit.
-  stage experiments 80 "$OUT/experiments.log" $PY scripts/gpu_experiments.py --budget 75
+  stage experiments 55 "$OUT/experiments.log" $PY scripts/gpu_experiments.py --budget 50
   # 7. Benchmarks: results are rewritten after every section, so a timeout keeps what finished.
   stage benchmarks 30 "$OUT/bench.log" $PY benchmarks/bench_gpu.py --out "$OUT" --iters 300
 else

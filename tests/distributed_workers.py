@@ -96,6 +96,7 @@ def _summary(info):
         "num_program_replays",
         "num_fallbacks",
         "num_rerecords",
+        "pending_backward",
     )
     out = {k: info[k] for k in keys}
     out["nodes"] = [
@@ -152,7 +153,8 @@ def _mlp():
 
 def ddp_training(rank, world_size, how, steps=10):
     """Trains a DDP model for `steps` steps eagerly and through graphtrees (`how`: "make_backend"
-    or "compile" with aot_eager, "string" with backend="graphtrees", i.e. Inductor) on this
+    or "compile" with aot_eager, "split" with aot_eager and splitting_ops, "string" with
+    backend="graphtrees", i.e. Inductor) on this
     rank's own data, and checks the compiled run against the eager one."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -184,6 +186,10 @@ def ddp_training(rank, world_size, how, steps=10):
         compiled = torch.compile(ddp, backend=graphtrees.make_backend(inner="aot_eager"))
     elif how == "compile":
         compiled = graphtrees.compile(ddp, inner="aot_eager")
+    elif how == "split":  # every graph of the DDP optimizer split again at its GELUs
+        compiled = graphtrees.compile(
+            ddp, inner="aot_eager", splitting_ops=["aten::gelu"], min_piece_ops=1
+        )
     else:
         compiled = torch.compile(ddp, backend="graphtrees")  # the registered backend: Inductor
 

@@ -8,6 +8,7 @@ rank's traceback. The processes are always terminated at the end, even when the 
 import multiprocessing
 import os
 import queue as queue_module
+import re
 import socket
 import subprocess
 import sys
@@ -161,8 +162,9 @@ DDP_WAYS = ("make_backend", "compile")
 
 @pytest.fixture(scope="module")
 def ddp_runs():
-    # Both ways in the same two processes (one start of torch per rank, not two).
-    return dict(zip(DDP_WAYS, run_ranks(*[("ddp_training", dict(how=how)) for how in DDP_WAYS])))
+    # Every way in the same two processes (one start of torch per rank, not three).
+    ways = (*DDP_WAYS, "split")
+    return dict(zip(ways, run_ranks(*[("ddp_training", dict(how=how)) for how in ways])))
 
 
 @pytest.mark.parametrize("how", DDP_WAYS)
@@ -175,6 +177,24 @@ def test_ddp_training_equals_eager_ddp(ddp_runs, how):
         _assert_ddp_tree(result)
     assert ranks[0]["losses"] != ranks[1]["losses"]  # the ranks saw different data
     assert ranks[0]["tree"]["nodes"] == ranks[1]["tree"]["nodes"]  # the same graphs and replays
+
+
+def test_ddp_training_with_split_graphs_equals_eager_ddp(ddp_runs):
+    # Piecewise recording under DDP: each graph of the DDP optimizer is split again at its
+    # GELUs (splitting_ops). The all-reduces still run between the backward pieces, the run
+    # equals eager DDP bit for bit, and every recorded piece replays at every later step.
+    for result in ddp_runs["split"]:
+        assert result["exact"]
+        tree, steps = result["tree"], result["steps"]
+        names = _functions(tree)
+        pieces = [n for n in names if re.search(r"\.(forward|backward)\[\d+/\d+\]$", n)]
+        assert any(".forward[" in n for n in pieces) and any(".backward[" in n for n in pieces)
+        assert tree["num_fallbacks"] == 0, tree
+        assert all(n["replays"] == steps - 2 for n in tree["nodes"]), tree["nodes"]
+        assert not tree["pending_backward"]
+        started_after = {name for _, name, _ in result["comm"][-3:]}
+        assert started_after <= set(names) and len(started_after) >= 2, result["comm"][-3:]
+    assert ddp_runs["split"][0]["tree"]["nodes"] == ddp_runs["split"][1]["tree"]["nodes"]
 
 
 def test_ddp_training_with_the_registered_backend_and_inductor():

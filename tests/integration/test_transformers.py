@@ -14,17 +14,21 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("no_grad")
 
 
+# The size of every model here: 2 layers, d=64, 4 heads (2 key/value heads), 128 tokens.
+SMALL = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
 def tiny_llama(device):
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
+    cfg = transformers.LlamaConfig(**SMALL)
     return transformers.LlamaForCausalLM(cfg).to(device).eval()
 
 
@@ -121,3 +125,65 @@ def test_gpt2_wrapped_whole_with_its_default_cache_runs_eagerly(device, tree_log
     (sig,) = g.signatures()
     assert "DynamicCache" in sig["eager_reason"] and "use_cache=False" in sig["eager_reason"]
     assert tree_logs.text.count("use_cache=False") == 1
+
+
+@pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
+def test_compiled_llama_split_at_its_attention_matches_eager(device, inner):
+    # torch.compile(backend="graphtrees") with splitting_ops on the attention (as vLLM splits
+    # its models): each layer's attention runs eagerly, everything between is recorded.
+    model = tiny_llama(device)
+    options = {"inner": inner, "splitting_ops": ["aten::scaled_dot_product_attention"]}
+    compiled = torch.compile(model, backend="graphtrees", options=options)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        ids = torch.randint(0, 128, (2, 16), generator=gen).to(device)
+        out = compiled(input_ids=ids, use_cache=False)
+        torch.testing.assert_close(out.logits, model(input_ids=ids, use_cache=False).logits)
+    nodes = info(device)["nodes"]
+    # 2 layers: 3 recorded pieces around 2 attentions
+    assert [n["function"].split(".", 1)[1] for n in nodes] == [
+        "inference[1/5]",
+        "inference[3/5]",
+        "inference[5/5]",
+    ]
+    assert all(n["replays"] == 2 for n in nodes), nodes
+    assert info(device)["num_fallbacks"] == 0
+    if inner == "aot_eager":
+        assert_replays_ran_programs(device)
+
+
+def tiny_mixtral(device):
+    torch.manual_seed(0)
+    cfg = transformers.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2)
+    return transformers.MixtralForCausalLM(cfg).to(device).eval()
+
+
+def test_compiled_mixtral_is_recorded_around_its_host_reading_expert_op(device, tree_logs):
+    # Mixtral's routing (topk, sort, histc: values that depend on the data, shapes that do not)
+    # is recorded. On CPU transformers runs the experts through its custom op
+    # transformers::grouped_mm_fallback, whose implementation reads the routing on the host
+    # (.tolist()): a capture rejects it, and the log names the op to put in splitting_ops. With
+    # that entry, each layer's expert op runs eagerly between recorded pieces.
+    model = tiny_mixtral(device)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
+    want = model(input_ids=ids, use_cache=False).logits
+    op = "transformers::grouped_mm_fallback"
+    for options in ({"inner": "aot_eager"}, {"inner": "aot_eager", "splitting_ops": [op]}):
+        torch._dynamo.reset()
+        graphtrees.reset()
+        compiled = torch.compile(model, backend="graphtrees", options=options)
+        for _ in range(4):
+            got = compiled(input_ids=ids, use_cache=False).logits
+            torch.testing.assert_close(got, want)
+        t = info(device)
+        if device == "cpu" and "splitting_ops" not in options:
+            assert t["num_nodes"] == 0 and t["num_fallbacks"] > 0
+            assert f"inside the custom op {op}; under torch.compile, splitting_ops=['{op}']" in (
+                tree_logs.text
+            )
+    assert t["num_nodes"] >= 1 and t["num_fallbacks"] == 0, t
+    assert all(n["replays"] == 2 for n in t["nodes"]), t["nodes"]
+    if device == "cpu":
+        (name, pieces), *_ = graphtrees.split_info().items()
+        assert [p["recorded"] for p in pieces] == [True, False] * 4 + [True], pieces
+        assert_replays_ran_programs(device)

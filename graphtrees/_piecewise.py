@@ -1,0 +1,349 @@
+"""Piecewise recording: a forward or backward graph split around the ops that cannot be recorded.
+(Note [Piecewise graphs] below says how.)
+"""
+
+import dataclasses
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+# Note [Piecewise graphs]
+# A graph that AOTAutograd hands the backend (a forward, a backward or an inference graph, after
+# functionalization) may hold ops that no recording can reproduce (``node_reasons`` in
+# _graph_checks.py: host reads, data-dependent shapes, ops tagged cudagraph_unsafe, CPU ops and
+# device copies in a CUDA graph, mutation of an eager input, the user's ``splitting_ops``). Rather
+# than run the whole graph eagerly, graphtrees cuts it at those ops:
+#
+# * ``plan`` walks the graph's ops in order. A multi-output op keeps its ``getitem``s (they move
+#   up next to it: they depend on nothing else). Host scalars (sym_size, SymInt arithmetic) belong
+#   to no piece: each piece that reads one computes it again from its own inputs, so a piece takes
+#   plain sizes and unbacked symbols as inputs, never expressions of them (Inductor binds only
+#   plain symbols); an _assert_scalar goes with the piece it falls in. They count as no op.
+#   Consecutive recordable ops form a recorded piece; consecutive unrecordable ones an eager
+#   piece. A recorded piece of fewer than ``min_piece_ops`` (default 3) ops joins the eager pieces
+#   around it: a replay has a fixed cost (about 6 us of bookkeeping on CPU,
+#   benchmarks/results/cpu-2026-12-01.md, plus the graph launch on CUDA), about what two or three
+#   eager ops cost (about 3.6 us for a 1-op call, same file), and on CUDA it copies in the
+#   inputs that no earlier piece produced. benchmarks/bench_piecewise.py sweeps min_piece_ops;
+#   on CPU six 2-op pieces replayed and run eagerly differ by less than the timings' noise.
+# * ``build`` turns each piece into an FX GraphModule of its own (its inputs: the values earlier
+#   pieces or the graph's inputs define; its outputs, always a tuple: the values later pieces or
+#   the graph's result use) and a top-level GraphModule that calls the pieces in order. FX's code
+#   drops each value after its last use, so pieces' outputs die as early as they did in the graph.
+# * Each recorded piece is its own graphtrees function (one GraphedCallable, named
+#   ``graph0.forward[1/3]``). The pieces run one after another on one path, so each piece is a
+#   child of the one before; an input that an earlier piece produced is a live output of the path,
+#   hence a managed input, used in place (Note [Matching a child]); the graph's static inputs and
+#   views of them stay static. In training the backward is split the same way, and its pieces
+#   continue the path under the forward's. A split graph counts once in Note [Pending backward]:
+#   its first recorded forward piece and its last recorded backward piece.
+# * Eager pieces run their ops through the dispatcher between the replays, as PyTorch's graph
+#   partitions run the ops outside their cudagraph partitions.
+#
+# Splitting happens before the inner compiler: with inner="inductor" each recorded piece is
+# compiled by Inductor on its own (``compile_fx_inner`` with the piece's example inputs), and eager
+# pieces run their aten ops. Three things of the whole graph's compile must not leak into a
+# piece's: every output of a piece keeps its traced strides (the pieces after it were traced with
+# them), AOTAutograd's donated buffers are off (their indices are the whole backward's, and a
+# later piece may read a buffer Inductor would overwrite), and AOTAutograd is told the traced
+# strides of the graph's outputs instead of one piece's.
+#
+# Inductor's own ``graph_partition`` (with ``set_customized_partition_wrappers``) could partition
+# instead, but its scheduler cuts wherever a node is not on a GPU, so on the CPU backend every op
+# would be an eager partition and CPU tests could not predict a GPU; it cuts only for Inductor's
+# own reasons (not at mutations of eager inputs; custom_should_partition_ops only for fallback
+# kernels), after fusion; and aot_eager needs a split of its own anyway.
+#
+# A graph that no cut can help (FSDP2's unsharded parameters, a mutation that no op of the graph
+# can be blamed for, or no piece left with ``min_piece_ops`` ops) still runs eagerly whole, with
+# its reason logged; only that raises under ``strict=True``.
+
+
+@dataclasses.dataclass(frozen=True)
+class SplittingOps:
+    """The ops a user keeps out of recordings (``splitting_ops``), by their registered names
+    ("aten::nonzero", "mylib::attention", with or without an overload: "aten::add.Tensor"; a dot
+    in place of "::" works too). An entry also matches its backward op ("aten::gelu" matches
+    aten::gelu_backward), and the aten ops that a Python function of that name lowered to
+    ("aten::scaled_dot_product_attention" matches the attention kernel that
+    F.scaled_dot_product_attention dispatched to, forward and backward)."""
+
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, entries: Any) -> "SplittingOps":
+        if entries is None:
+            return cls()
+        if isinstance(entries, str) or not isinstance(entries, Iterable):
+            raise TypeError(
+                "graphtrees: splitting_ops must be a list of op names such as "
+                f"['aten::nonzero', 'mylib::attention'], got {entries!r}"
+            )
+        names = []
+        for entry in entries:
+            if not isinstance(entry, str) or not entry.strip():
+                raise TypeError(f"graphtrees: splitting_ops entries are op names, got {entry!r}")
+            name = entry.strip().replace("::", ".")
+            parts = name.split(".")
+            if len(parts) not in (2, 3) or not all(parts):
+                raise ValueError(
+                    f"graphtrees: splitting_ops entry {entry!r} is not an op name; write "
+                    "'namespace::op' or 'namespace::op.overload', e.g. 'aten::nonzero'"
+                )
+            try:
+                packet = getattr(getattr(torch.ops, parts[0]), parts[1])
+                if len(parts) == 3:
+                    getattr(packet, parts[2])
+            except (AttributeError, RuntimeError):
+                raise ValueError(
+                    f"graphtrees: splitting_ops entry {entry!r} names no registered op (define "
+                    "a custom op before compiling with it)"
+                ) from None
+            names.append(name)
+        return cls(tuple(dict.fromkeys(names)))
+
+    def match(self, node: torch.fx.Node) -> str | None:
+        """The entry that keeps `node` out of recordings, or None."""
+        if not self.names or node.op != "call_function":
+            return None
+        target = node.target
+        packet = str(getattr(target, "_overloadpacket", target))
+        overload = str(target)
+        sources = set()
+        for key in ("source_fn_stack", "fwd_source_fn_stack"):
+            stack = node.meta.get(key) or ()
+            if stack:
+                fn = stack[-1][1]
+                sources.add(fn if isinstance(fn, str) else getattr(fn, "__name__", ""))
+        for name in self.names:
+            if (
+                name in (packet, overload)
+                or packet == name + "_backward"
+                or name.split(".")[1] in sources
+            ):
+                return name.replace(".", "::", 1)
+        return None
+
+
+@dataclasses.dataclass
+class Piece:
+    """Consecutive ops of a graph that run as one recording, or eagerly."""
+
+    nodes: list[torch.fx.Node]
+    why_eager: list[str]  # empty: recorded
+    ops: int = 0
+    inputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
+    outputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
+
+    @property
+    def recorded(self) -> bool:
+        return not self.why_eager
+
+
+def _floating(node: torch.fx.Node) -> bool:
+    """A host scalar that something reads: no piece owns it; each piece (and the top-level code)
+    that reads it computes it again from its own inputs, so that pieces take plain sizes and
+    unbacked symbols as inputs, never expressions of them (which Inductor could not bind)."""
+    from ._graph_checks import is_host_scalar
+
+    return bool(node.users) and is_host_scalar(node)
+
+
+def _units(gm: torch.fx.GraphModule) -> list[list[torch.fx.Node]]:
+    """The graph's ops in order, each with the getitems of its result (Note [Piecewise graphs])."""
+    units: list[list[torch.fx.Node]] = []
+    unit_of: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in gm.graph.nodes:
+        if n.op not in ("call_function", "call_method", "call_module") or _floating(n):
+            continue
+        if n.target is operator.getitem and n.args and n.args[0] in unit_of:
+            unit = unit_of[n.args[0]]
+            unit.append(n)
+        else:
+            unit = [n]
+            units.append(unit)
+        unit_of[n] = unit
+    return units
+
+
+def plan(
+    gm: torch.fx.GraphModule, reasons: dict[torch.fx.Node, str], min_piece_ops: int
+) -> list[Piece]:
+    """The pieces of `gm`, given why each unrecordable op is (Note [Piecewise graphs])."""
+    from ._graph_checks import is_host_scalar
+
+    pieces: list[Piece] = []
+    for unit in _units(gm):
+        head = unit[0]
+        why = [(head, reasons[head])] if head in reasons else []
+        counts = 0 if is_host_scalar(head) else 1
+        if pieces and bool(pieces[-1].why_eager) == bool(why):
+            pieces[-1].nodes.extend(unit)
+            pieces[-1].why_eager.extend(why)
+            pieces[-1].ops += counts
+        elif pieces and not why and counts == 0:
+            pieces[-1].nodes.extend(unit)  # an _assert_scalar joins the piece it falls in
+        else:
+            pieces.append(Piece(list(unit), why, counts))
+    merged: list[Piece] = []
+    for p in pieces:
+        if p.recorded and p.ops < min_piece_ops:
+            p.why_eager.append(
+                (
+                    None,
+                    f"{p.ops} op{'s' if p.ops != 1 else ''}, fewer than "
+                    f"min_piece_ops={min_piece_ops}",
+                )
+            )
+        if merged and not merged[-1].recorded and not p.recorded:
+            merged[-1].nodes.extend(p.nodes)
+            merged[-1].why_eager.extend(p.why_eager)
+            merged[-1].ops += p.ops
+        else:
+            merged.append(p)
+    for p in merged:
+        p.why_eager = _grouped(p.why_eager)
+    _link(merged)
+    return merged
+
+
+def _grouped(entries: list[tuple[torch.fx.Node | None, str]]) -> list[str]:
+    """Reasons of an eager piece, one per reason and source line, naming all the ops it holds
+    ("aten.scalar_tensor x2, aten.where (splitting_ops entry ...) at file:line")."""
+    from collections import Counter
+
+    from ._graph_checks import op_name
+
+    groups: dict[str, list[str]] = {}
+    for node, text in entries:
+        op = op_name(node) if node is not None else None
+        if op is None or op not in text:
+            groups.setdefault(text, [])
+            continue
+        groups.setdefault(text.replace(op, "\0", 1), []).append(op)
+    out = []
+    for template, ops in groups.items():
+        names = ", ".join(f"{o} x{c}" if c > 1 else o for o, c in Counter(ops).items())
+        out.append(template.replace("\0", names, 1) if ops else template)
+    return out
+
+
+def _sources(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """What `node` reads, seen through floating host scalars (which are computed again)."""
+    found: list[torch.fx.Node] = []
+    for a in node.all_input_nodes:
+        found.extend(_sources(a) if _floating(a) else [a])
+    return found
+
+
+def _readers(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes that read `node`, seen through floating host scalars."""
+    found: list[torch.fx.Node] = []
+    for u in node.users:
+        found.extend(_readers(u) if _floating(u) else [u])
+    return found
+
+
+def _link(pieces: list[Piece]) -> None:
+    """Each piece's inputs (values it reads that it does not define; get_attr constants and
+    floating host scalars are copied into each piece instead) and outputs (values it defines
+    that later code reads)."""
+    piece_of = {n: i for i, p in enumerate(pieces) for n in p.nodes}
+    for i, p in enumerate(pieces):
+        inputs: dict[torch.fx.Node, None] = {}
+        outputs: dict[torch.fx.Node, None] = {}
+        for n in p.nodes:
+            for a in _sources(n):
+                if piece_of.get(a) != i and a.op != "get_attr":
+                    inputs[a] = None
+            if any(piece_of.get(u) != i for u in _readers(n)):
+                outputs[n] = None
+        p.inputs, p.outputs = list(inputs), list(outputs)
+
+
+def _copier(graph: torch.fx.Graph, env: dict[torch.fx.Node, torch.fx.Node]):
+    """arg(node): `node` in `graph`: from env, or a get_attr or floating host scalar copied in."""
+
+    def arg(a: torch.fx.Node) -> torch.fx.Node:
+        if a not in env:
+            if a.op == "get_attr":
+                env[a] = graph.get_attr(a.target)
+            else:
+                assert _floating(a), f"graphtrees: {a} is read before it is defined"
+                env[a] = graph.node_copy(a, arg)
+            env[a].meta = dict(a.meta)
+        return env[a]
+
+    return arg
+
+
+def _piece_module(gm: torch.fx.GraphModule, piece: Piece) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for a in piece.inputs:
+        env[a] = graph.placeholder(a.name)
+        # An unbacked size an earlier piece bound (nonzero's length, item()'s value) arrives
+        # here as an input: nothing in this piece binds it.
+        env[a].meta = {k: v for k, v in a.meta.items() if k != "unbacked_bindings"}
+    arg = _copier(graph, env)
+    for n in piece.nodes:
+        env[n] = graph.node_copy(n, arg)
+    graph.output(tuple(env[o] for o in piece.outputs))
+    return torch.fx.GraphModule(gm, graph)
+
+
+def build(
+    gm: torch.fx.GraphModule,
+    pieces: list[Piece],
+    make_piece: Callable[[int, Piece, torch.fx.GraphModule], Callable[..., Any]],
+) -> torch.fx.GraphModule:
+    """A GraphModule that runs `gm` as `pieces`: make_piece(index, piece, module) gives the
+    callable that runs piece `index` (its module returns a tuple of piece.outputs)."""
+    top = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = top.placeholder(n.name)
+            env[n].meta = dict(n.meta)
+    arg = _copier(top, env)
+    for i, p in enumerate(pieces):
+        run = make_piece(i, p, _piece_module(gm, p))
+        kind = "recorded" if p.recorded else "eager"
+        call = top.create_node(
+            "call_function", run, tuple(env[a] for a in p.inputs), name=f"{kind}_piece_{i + 1}"
+        )
+        for k, o in enumerate(p.outputs):
+            env[o] = top.call_function(operator.getitem, (call, k))
+    out = gm.graph.output_node()
+    top.output(torch.fx.map_arg(out.args[0], arg))
+    return torch.fx.GraphModule(gm, top)
+
+
+def describe(name: str, pieces: Sequence[Piece]) -> str:
+    """One line per piece: what a split made of graph `name`, and why."""
+    total = len(pieces)
+    lines = [f"graphtrees: split '{name}' into {total} pieces around ops it cannot record:"]
+    for i, p in enumerate(pieces):
+        ops = f"{p.ops} op{'' if p.ops == 1 else 's'}"
+        if p.recorded:
+            lines.append(f"  [{i + 1}/{total}] recorded, {ops}")
+        else:
+            shown = "; ".join(p.why_eager[:3])
+            more = f"; and {len(p.why_eager) - 3} more" if len(p.why_eager) > 3 else ""
+            lines.append(f"  [{i + 1}/{total}] eager, {ops}: {shown}{more}")
+    return "\n".join(lines)
+
+
+def summary(name: str, pieces: Sequence[Piece]) -> list[dict]:
+    """What graphtrees.split_info() shows of one split graph."""
+    return [
+        {
+            "piece": f"{name}[{i + 1}/{len(pieces)}]",
+            "recorded": p.recorded,
+            "ops": p.ops,
+            "why_eager": list(p.why_eager),
+        }
+        for i, p in enumerate(pieces)
+    ]
