@@ -180,8 +180,20 @@ def _input_writes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
     return writes
 
 
+def underlying_op(node: torch.fx.Node) -> Any:
+    """The op `node` runs: its target, or for a custom op that mutates its arguments (which
+    functionalization wraps in auto_functionalized, as vLLM's attention writing into an output
+    it is given) the op it wraps."""
+    target = node.target
+    if getattr(target, "__name__", "").startswith("auto_functionalized") and node.args:
+        if isinstance(node.args[0], torch._ops.OpOverload):
+            return node.args[0]
+    return target
+
+
 def op_name(node: torch.fx.Node) -> str:
-    return str(getattr(node.target, "_overloadpacket", node.target))
+    target = underlying_op(node)
+    return str(getattr(target, "_overloadpacket", target))
 
 
 def _is_unsafe_for_pytorch(node: torch.fx.Node) -> bool:
@@ -234,7 +246,7 @@ def node_reasons(
         if n.op != "call_function" or is_host_scalar(n):
             continue
         name = op_name(n)
-        tags = getattr(n.target, "tags", ())
+        tags = getattr(underlying_op(n), "tags", ())
         where = _where(n)
         if splitting_ops is not None and (entry := splitting_ops.match(n)) is not None:
             reasons[n] = f"{name} ({CHOSEN} {entry!r}){where}"

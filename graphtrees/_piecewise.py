@@ -65,7 +65,9 @@ import torch
 class SplittingOps:
     """The ops a user keeps out of recordings (``splitting_ops``), by their registered names
     ("aten::nonzero", "mylib::attention", with or without an overload: "aten::add.Tensor"; a dot
-    in place of "::" works too). An entry also matches its backward op ("aten::gelu" matches
+    in place of "::" works too); a custom op that writes into an argument (vLLM's attention
+    writing its output) is matched through the auto_functionalized that wraps it. An entry also
+    matches its backward op ("aten::gelu" matches
     aten::gelu_backward), and the aten ops that a Python function of that name lowered to
     ("aten::scaled_dot_product_attention" matches the attention kernel that
     F.scaled_dot_product_attention dispatched to, forward and backward)."""
@@ -108,7 +110,9 @@ class SplittingOps:
         """The entry that keeps `node` out of recordings, or None."""
         if not self.names or node.op != "call_function":
             return None
-        target = node.target
+        from ._graph_checks import underlying_op
+
+        target = underlying_op(node)
         packet = str(getattr(target, "_overloadpacket", target))
         overload = str(target)
         sources = set()

@@ -51,6 +51,17 @@ def _(x):
 mix.register_autograd(lambda ctx, grad: grad.flip(-1) + grad)
 
 
+@torch.library.custom_op("graphtrees_test::attention_into", mutates_args=("out",))
+def attention_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    """Writes its result into `out`, as vLLM's attention op does with the output it is given."""
+    out.copy_(torch.softmax(x, dim=-1))
+
+
+@attention_into.register_fake
+def _(x, out):
+    return None
+
+
 class Net(torch.nn.Module):
     """Two linear layers around `middle`, and `first`/`last` before and after them."""
 
@@ -360,6 +371,24 @@ def test_splitting_ops_by_the_python_function_an_aten_op_came_from(device):
         for _ in range(3):
             torch.testing.assert_close(compiled(x), model(x))
     assert _functions(device) == ["inference[1/3]", "inference[3/3]"]
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_splitting_ops_on_an_op_that_writes_into_its_output_argument(device, inner):
+    # Functionalization wraps such an op in auto_functionalized; splitting_ops still names it.
+    def f(x):
+        h = torch.tanh(x) * 2 + 1
+        out = torch.empty_like(h)
+        attention_into(h, out)
+        return torch.cos(out) * 3 + h
+
+    x = torch.randn(4, 8, device=device)
+    compiled = graphtrees.compile(f, inner=inner, splitting_ops=["graphtrees_test::attention_into"])
+    with torch.no_grad():
+        for _ in range(4):
+            torch.testing.assert_close(compiled(x), f(x))
+    assert _functions(device) == ["inference[1/3]", "inference[3/3]"]
+    _assert_pieces_replayed(device, ["inference"])
 
 
 @pytest.mark.needs_cuda
