@@ -35,7 +35,7 @@ import torch
 from ._ext import get_ext, has_ext
 from ._graph_checks import CHOSEN as _CHOSEN
 from ._graph_checks import fsdp2_reason, node_reasons
-from ._piecewise import SplittingOps, build, describe, plan, summary
+from ._piecewise import SplittingOps, build, describe, label, plan, summary
 
 _INNER = ("inductor", "aot_eager")
 
@@ -278,8 +278,14 @@ def _wrap(
     return boxed
 
 
-def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """`fn` under a name the top-level FX code can call it by."""
+def _named(fn: Any, name: str) -> Any:
+    """`fn` under a name the top-level FX code can call it by: a recorded piece's
+    GraphedCallable itself (no Python call in between), an eager piece's bound method wrapped in
+    a function (FX finds no module for a bound method)."""
+    if not hasattr(fn, "__self__"):
+        fn.__name__ = fn.__qualname__ = name
+        fn.__module__ = __name__
+        return fn
 
     def piece(*args):
         return fn(*args)
@@ -308,7 +314,7 @@ def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, 
             lambda *args: compiled(list(args)),
             piece_static,
             mode,
-            f"{name}[{i + 1}/{len(pieces)}]",
+            name + label(i, len(pieces)),
         )
         g._counts_pending = i == counting
         graphed.append(g)

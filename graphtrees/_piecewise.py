@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ._graph_checks import is_host_scalar, op_name, underlying_op
+
 # Note [Piecewise graphs]
 # A graph that AOTAutograd hands the backend (a forward, a backward or an inference graph, after
 # functionalization) may hold ops that no recording can reproduce (``node_reasons`` in
@@ -110,11 +112,7 @@ class SplittingOps:
         """The entry that keeps `node` out of recordings, or None."""
         if not self.names or node.op != "call_function":
             return None
-        from ._graph_checks import underlying_op
-
-        target = underlying_op(node)
-        packet = str(getattr(target, "_overloadpacket", target))
-        overload = str(target)
+        packet, overload = op_name(node), str(underlying_op(node))
         sources = set()
         for key in ("source_fn_stack", "fwd_source_fn_stack"):
             stack = node.meta.get(key) or ()
@@ -136,22 +134,26 @@ class Piece:
     """Consecutive ops of a graph that run as one recording, or eagerly."""
 
     nodes: list[torch.fx.Node]
-    why_eager: list[str]  # empty: recorded
+    # Why it runs eagerly: (the unrecordable op, or None for the piece as a whole, reason).
+    # Empty: recorded.
+    blame: list[tuple[torch.fx.Node | None, str]]
     ops: int = 0
     inputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
     outputs: list[torch.fx.Node] = dataclasses.field(default_factory=list)
 
     @property
     def recorded(self) -> bool:
-        return not self.why_eager
+        return not self.blame
+
+    @property
+    def why_eager(self) -> list[str]:
+        return _grouped(self.blame)
 
 
 def _floating(node: torch.fx.Node) -> bool:
     """A host scalar that something reads: no piece owns it; each piece (and the top-level code)
     that reads it computes it again from its own inputs, so that pieces take plain sizes and
     unbacked symbols as inputs, never expressions of them (which Inductor could not bind)."""
-    from ._graph_checks import is_host_scalar
-
     return bool(node.users) and is_host_scalar(node)
 
 
@@ -176,16 +178,14 @@ def plan(
     gm: torch.fx.GraphModule, reasons: dict[torch.fx.Node, str], min_piece_ops: int
 ) -> list[Piece]:
     """The pieces of `gm`, given why each unrecordable op is (Note [Piecewise graphs])."""
-    from ._graph_checks import is_host_scalar
-
     pieces: list[Piece] = []
     for unit in _units(gm):
         head = unit[0]
         why = [(head, reasons[head])] if head in reasons else []
         counts = 0 if is_host_scalar(head) else 1
-        if pieces and bool(pieces[-1].why_eager) == bool(why):
+        if pieces and bool(pieces[-1].blame) == bool(why):
             pieces[-1].nodes.extend(unit)
-            pieces[-1].why_eager.extend(why)
+            pieces[-1].blame.extend(why)
             pieces[-1].ops += counts
         elif pieces and not why and counts == 0:
             pieces[-1].nodes.extend(unit)  # an _assert_scalar joins the piece it falls in
@@ -194,31 +194,30 @@ def plan(
     merged: list[Piece] = []
     for p in pieces:
         if p.recorded and p.ops < min_piece_ops:
-            p.why_eager.append(
-                (
-                    None,
-                    f"{p.ops} op{'s' if p.ops != 1 else ''}, fewer than "
-                    f"min_piece_ops={min_piece_ops}",
-                )
-            )
+            p.blame.append((None, f"{_ops(p.ops)}, fewer than min_piece_ops={min_piece_ops}"))
         if merged and not merged[-1].recorded and not p.recorded:
             merged[-1].nodes.extend(p.nodes)
-            merged[-1].why_eager.extend(p.why_eager)
+            merged[-1].blame.extend(p.blame)
             merged[-1].ops += p.ops
         else:
             merged.append(p)
-    for p in merged:
-        p.why_eager = _grouped(p.why_eager)
     _link(merged)
     return merged
+
+
+def _ops(n: int) -> str:
+    return f"{n} op{'' if n == 1 else 's'}"
+
+
+def label(index: int, total: int) -> str:
+    """How piece `index` (from 0) of `total` is named after its graph: "[1/3]"."""
+    return f"[{index + 1}/{total}]"
 
 
 def _grouped(entries: list[tuple[torch.fx.Node | None, str]]) -> list[str]:
     """Reasons of an eager piece, one per reason and source line, naming all the ops it holds
     ("aten.scalar_tensor x2, aten.where (splitting_ops entry ...) at file:line")."""
     from collections import Counter
-
-    from ._graph_checks import op_name
 
     groups: dict[str, list[str]] = {}
     for node, text in entries:
@@ -330,13 +329,12 @@ def describe(name: str, pieces: Sequence[Piece]) -> str:
     total = len(pieces)
     lines = [f"graphtrees: split '{name}' into {total} pieces around ops it cannot record:"]
     for i, p in enumerate(pieces):
-        ops = f"{p.ops} op{'' if p.ops == 1 else 's'}"
         if p.recorded:
-            lines.append(f"  [{i + 1}/{total}] recorded, {ops}")
+            lines.append(f"  {label(i, total)} recorded, {_ops(p.ops)}")
         else:
-            shown = "; ".join(p.why_eager[:3])
-            more = f"; and {len(p.why_eager) - 3} more" if len(p.why_eager) > 3 else ""
-            lines.append(f"  [{i + 1}/{total}] eager, {ops}: {shown}{more}")
+            why = p.why_eager
+            more = f"; and {len(why) - 3} more" if len(why) > 3 else ""
+            lines.append(f"  {label(i, total)} eager, {_ops(p.ops)}: {'; '.join(why[:3])}{more}")
     return "\n".join(lines)
 
 
@@ -344,10 +342,10 @@ def summary(name: str, pieces: Sequence[Piece]) -> list[dict]:
     """What graphtrees.split_info() shows of one split graph."""
     return [
         {
-            "piece": f"{name}[{i + 1}/{len(pieces)}]",
+            "piece": name + label(i, len(pieces)),
             "recorded": p.recorded,
             "ops": p.ops,
-            "why_eager": list(p.why_eager),
+            "why_eager": p.why_eager,
         }
         for i, p in enumerate(pieces)
     ]
