@@ -24,7 +24,7 @@ import sys
 import time
 
 import torch
-from bench_cpu import HERE
+from bench_cpu import HERE, per_call_us
 
 import graphtrees
 
@@ -79,16 +79,11 @@ class LlamaLogits(torch.nn.Module):
         return self.model(input_ids=ids, use_cache=False).logits
 
 
-def per_call_us(fn, args, iters):
+def call_us(fn, args, iters):
+    """bench_cpu.per_call_us of fn(*args), after 3 calls (warmup, recording, a first replay)."""
     for _ in range(3):
         fn(*args)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn(*args)
-        best = min(best, (time.perf_counter() - start) / iters)
-    return best * 1e6
+    return per_call_us(lambda: fn(*args), iters)
 
 
 def run(model, args, inner, options, dynamo, iters, **extra):
@@ -99,7 +94,7 @@ def run(model, args, inner, options, dynamo, iters, **extra):
         start = time.perf_counter()
         compiled(*args)
         compile_s = time.perf_counter() - start
-        us = per_call_us(compiled, args, iters)
+        us = call_us(compiled, args, iters)
     splits = graphtrees.split_info()
     total = sum(p["ops"] for pieces in splits.values() for p in pieces)
     recorded = sum(p["ops"] for pieces in splits.values() for p in pieces if p["recorded"])
@@ -137,7 +132,7 @@ def main():
             graphtrees.compile(lambda x: x.sin() * 2, inner=inner)(torch.randn(4))
         for name, model, inputs, options, dynamo in test_models():
             with torch._dynamo.config.patch(**dynamo):
-                eager_us = per_call_us(model, inputs, iters)
+                eager_us = call_us(model, inputs, iters)
             for inner in inners:
                 whole = run(model, inputs, inner, {}, dynamo, iters, piecewise=False)
                 split = run(model, inputs, inner, options, dynamo, iters)
@@ -179,7 +174,7 @@ def markdown(results):
         f"# Piecewise recording, CPU backend ({m['date']})",
         "",
         f"torch {m['torch']}, Python {m['python']}, {m['machine']}, {m['backend']}. Per-call: "
-        f"best of 5 x {m['iters']} calls. Compile: the first call (dynamo, AOTAutograd, the "
+        f"median of 7 x {m['iters']} calls. Compile: the first call (dynamo, AOTAutograd, the "
         "inner compiler, the split, the warmup), without Inductor's FX graph cache. Whole-graph eager is `piecewise=False`, what "
         "graphtrees did before: it records none of the graph's ops (in the rows with "
         "`splitting_ops`, nothing forces a split, so `piecewise=False` records the whole graph: "
