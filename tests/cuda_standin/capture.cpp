@@ -1,0 +1,652 @@
+// Stream capture, graphs and their replays, user objects.
+
+#include "standin.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <unordered_set>
+
+// Note [Stand-in captures]
+// cudaStreamBeginCapture starts a capture on a created stream (the legacy stream cannot
+// capture); the work submitted to a capturing stream becomes nodes of its graph instead of
+// running, each after the stream's current dependency set. A stream joins a capture by waiting
+// on an event recorded in it (cudaEventRecord in a capture records the dependency set, not a
+// node) and must be joined back into the origin stream the same way before cudaStreamEndCapture,
+// or the capture ends with cudaErrorStreamCaptureUnjoined.
+// The modes follow the runtime's rule for "potentially unsafe" calls -- cudaMalloc, cudaFree,
+// cudaHostAlloc/Register, cudaFreeHost, cudaMemcpy, and the synchronisations and queries of
+// streams and events: a thread is forbidden them while a capture it began is under way (unless
+// that capture is cudaStreamCaptureModeRelaxed), and, in its own mode Global (the default of
+// cudaThreadExchangeStreamCaptureMode), while another thread's Global capture is under way. A
+// forbidden call fails with cudaErrorStreamCaptureUnsupported and invalidates the capture that
+// forbade it. Always illegal, in any mode: synchronising or querying a capturing stream (900) or
+// an event recorded in a capture (cudaErrorCapturedEvent), cudaDeviceSynchronize while anything
+// captures (900, every capture invalidated), the legacy stream while a blocking stream captures
+// (cudaErrorStreamCaptureImplicit), a wait on an event recorded outside the capture
+// (cudaErrorStreamCaptureIsolation) or in another capture (cudaErrorStreamCaptureMerge), a
+// pageable copy, cudaStreamAddCallback. Work submitted to an invalidated capture fails with
+// cudaErrorStreamCaptureInvalidated; EndCapture then returns it, names the call that
+// invalidated the capture, and ends the capture for every stream in it. EndCapture from a
+// stream that did not begin the capture is cudaErrorStreamCaptureUnmatched; from another thread,
+// unless Relaxed, cudaErrorStreamCaptureWrongThread.
+// Not modelled (each a reported cudaErrorNotSupported): memory-allocation nodes
+// (cudaMallocAsync in a capture), conditional nodes, a graph launched into a capture, external
+// event waits.
+//
+// Note [Stand-in graphs]
+// A graph is its nodes, in creation order (a topological order: a node's dependencies exist
+// before it). cudaGraphInstantiateWithFlags snapshots them; cudaGraphLaunch submits one piece of
+// work that replays them in order: copies and memsets move bytes, host nodes run, kernel nodes
+// are counted. A node whose memory is no longer allocated when it runs -- the graph outlived a
+// cudaFree of a buffer it reads or writes -- is a sticky device fault (cudaErrorIllegalAddress)
+// reported with the node's name. User objects are reference-counted: graphs and executable
+// graphs hold their references (an executable graph takes its own at instantiation), and a
+// destructor runs once the count reaches zero, outside the stand-in's lock.
+
+namespace standin {
+
+namespace {
+
+std::vector<Capture*>& activeCaptures() {
+  static auto* v = new std::vector<Capture*>();
+  return *v;
+}
+uint64_t next_capture_id = 1;
+thread_local cudaStreamCaptureMode thread_mode = cudaStreamCaptureModeGlobal;
+
+std::unordered_set<CUgraph_st*>& liveGraphs() {
+  static auto* s = new std::unordered_set<CUgraph_st*>();
+  return *s;
+}
+std::unordered_set<CUgraphExec_st*>& liveExecs() {
+  static auto* s = new std::unordered_set<CUgraphExec_st*>();
+  return *s;
+}
+
+const char* modeName(cudaStreamCaptureMode m) {
+  switch (m) {
+    case cudaStreamCaptureModeGlobal:
+      return "global";
+    case cudaStreamCaptureModeThreadLocal:
+      return "thread-local";
+    case cudaStreamCaptureModeRelaxed:
+      return "relaxed";
+  }
+  return "?";
+}
+
+Capture* prohibitingCapture() {
+  if (thread_mode == cudaStreamCaptureModeRelaxed) return nullptr;
+  const auto me = std::this_thread::get_id();
+  for (Capture* c : activeCaptures()) {
+    if (c->thread == me && c->mode != cudaStreamCaptureModeRelaxed) return c;
+    if (c->thread != me && c->mode == cudaStreamCaptureModeGlobal &&
+        thread_mode == cudaStreamCaptureModeGlobal) {
+      return c;
+    }
+  }
+  return nullptr;
+}
+
+CUgraph_st* newGraph() {
+  auto* g = new CUgraph_st();
+  liveGraphs().insert(g);
+  stats().live_graphs++;
+  return g;
+}
+
+void releaseUserObject(CUuserObject_st* o, unsigned count) {
+  if (count == 0) return;
+  o->refs -= count;
+  if (o->refs <= 0) {
+    cudaHostFn_t destroy = o->destroy;
+    void* ptr = o->ptr;
+    delete o;
+    if (destroy != nullptr) afterUnlock([destroy, ptr] { destroy(ptr); });
+  }
+}
+
+void destroyGraph(CUgraph_st* g) {
+  for (auto& uo : g->user_objects) releaseUserObject(uo.first, uo.second);
+  liveGraphs().erase(g);
+  stats().live_graphs--;
+  delete g;
+}
+
+void leaveCapture(Capture* c) {
+  for (CUstream_st* s : c->streams) {
+    s->capture = nullptr;
+    s->deps.clear();
+    s->dep_edges.clear();
+  }
+  c->active = false;
+  auto& v = activeCaptures();
+  v.erase(std::remove(v.begin(), v.end(), c), v.end());
+  if (c->graph != nullptr) c->graph->capturing = false;
+}
+
+}  // namespace
+
+void invalidate(Capture* c, const std::string& why) {
+  if (c == nullptr || !c->active || c->invalidated) return;
+  c->invalidated = true;
+  c->why = why;
+  stats().captures_invalidated++;
+  trace("capture %llu invalidated by %s", (unsigned long long)c->id, why.c_str());
+}
+
+void invalidateAll(const std::string& why) {
+  for (Capture* c : activeCaptures()) invalidate(c, why);
+}
+
+cudaError_t checkUnsafe(const char* call) {
+  Capture* c = prohibitingCapture();
+  if (c == nullptr) return cudaSuccess;
+  stats().unsafe_calls++;
+  invalidate(c, call);
+  return fail(cudaErrorStreamCaptureUnsupported,
+              "%s while capture %llu (%s mode, %s thread) is under way: a potentially unsafe "
+              "call, forbidden in this thread's %s mode",
+              call, (unsigned long long)c->id, modeName(c->mode),
+              c->thread == std::this_thread::get_id() ? "this" : "another", modeName(thread_mode));
+}
+
+bool anyCapture() {
+  return !activeCaptures().empty();
+}
+
+cudaError_t captureCheck(CUstream_st* s, const char* call, bool* captured) {
+  *captured = false;
+  if (s->capture != nullptr) {
+    if (s->capture->invalidated) return setError(cudaErrorStreamCaptureInvalidated);
+    *captured = true;
+    return cudaSuccess;
+  }
+  if (s->legacy) {
+    for (Capture* c : activeCaptures()) {
+      for (CUstream_st* cs : c->streams) {
+        if ((cs->flags & cudaStreamNonBlocking) == 0) {
+          invalidate(c, std::string(call) + " on the legacy stream");
+          return fail(cudaErrorStreamCaptureImplicit,
+                      "%s on the legacy default stream while blocking stream %llu captures", call,
+                      (unsigned long long)cs->id);
+        }
+      }
+    }
+  }
+  return cudaSuccess;
+}
+
+CUgraphNode_st* addCaptureNode(CUstream_st* s, NodeData data) {
+  CUgraph_st* g = s->capture->graph;
+  auto node = std::make_unique<CUgraphNode_st>();
+  if (data.kind == NodeKind::kKernel) stats().kernel_nodes++;
+  node->data = std::move(data);
+  node->deps = s->deps;
+  node->graph = g;
+  node->index = g->nodes.size();
+  CUgraphNode_st* raw = node.get();
+  g->nodes.push_back(std::move(node));
+  s->deps.assign(1, raw);
+  s->dep_edges.assign(1, cudaGraphEdgeData{});
+  return raw;
+}
+
+}  // namespace standin
+
+using namespace standin;
+
+namespace {
+
+cudaError_t beginCapture(cudaStream_t stream, CUgraph_st* into, const cudaGraphNode_t* deps,
+                         size_t num_deps, cudaStreamCaptureMode mode, const char* call) {
+  Lock lock;
+  CUstream_st* s = resolveStream(stream);
+  if (s == nullptr)
+    return fail(cudaErrorInvalidResourceHandle, "%s: unknown stream %s", call, hex(stream).c_str());
+  if (s->legacy)
+    return fail(cudaErrorStreamCaptureUnsupported, "%s: the legacy stream cannot capture", call);
+  if (s->capture != nullptr)
+    return fail(cudaErrorIllegalState, "%s: the stream is capturing already", call);
+  if (into != nullptr && !liveGraphs().count(into))
+    return fail(cudaErrorInvalidValue, "%s: unknown graph", call);
+  auto* c = new Capture();  // never freed: capture events keep naming it
+  c->id = next_capture_id++;
+  c->mode = mode;
+  c->origin = s;
+  c->thread = std::this_thread::get_id();
+  c->owns_graph = into == nullptr;
+  c->graph = into != nullptr ? into : newGraph();
+  c->graph->capturing = true;
+  c->streams.push_back(s);
+  s->capture = c;
+  s->deps.assign(deps, deps + num_deps);
+  s->dep_edges.assign(num_deps, cudaGraphEdgeData{});
+  activeCaptures().push_back(c);
+  stats().captures_begun++;
+  trace("%s: capture %llu on stream %llu (%s)", call, (unsigned long long)c->id,
+        (unsigned long long)s->id, modeName(mode));
+  return cudaSuccess;
+}
+
+// Every node reachable backwards from `from`.
+std::unordered_set<CUgraphNode_st*> ancestors(const std::vector<CUgraphNode_st*>& from) {
+  std::unordered_set<CUgraphNode_st*> seen;
+  std::vector<CUgraphNode_st*> todo(from.begin(), from.end());
+  while (!todo.empty()) {
+    CUgraphNode_st* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (CUgraphNode_st* d : n->deps) todo.push_back(d);
+  }
+  return seen;
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  return beginCapture(stream, nullptr, nullptr, 0, mode, "cudaStreamBeginCapture");
+}
+
+cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
+                                          const cudaGraphNode_t* dependencies,
+                                          const cudaGraphEdgeData* /*dependencyData*/,
+                                          size_t numDependencies, cudaStreamCaptureMode mode) {
+  return beginCapture(stream, graph, dependencies, numDependencies, mode,
+                      "cudaStreamBeginCaptureToGraph");
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  Lock lock;
+  if (pGraph == nullptr) return setError(cudaErrorInvalidValue);
+  CUstream_st* s = resolveStream(stream);
+  if (s == nullptr)
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture: unknown stream");
+  Capture* c = s->capture;
+  if (c == nullptr)
+    return fail(cudaErrorIllegalState, "cudaStreamEndCapture: the stream is not capturing");
+  if (c->origin == s && !c->invalidated && injectedFailure("cudaStreamEndCapture") != cudaSuccess) {
+    invalidate(c, "a failure injected by standin_fail_next()");
+  }
+  if (c->origin != s) {
+    invalidate(c, "cudaStreamEndCapture from a stream that joined the capture");
+    return fail(cudaErrorStreamCaptureUnmatched,
+                "cudaStreamEndCapture: capture %llu was not begun on this stream",
+                (unsigned long long)c->id);
+  }
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id()) {
+    invalidate(c, "cudaStreamEndCapture from another thread");
+    return fail(cudaErrorStreamCaptureWrongThread,
+                "cudaStreamEndCapture: capture %llu (%s mode) was begun by another thread",
+                (unsigned long long)c->id, modeName(c->mode));
+  }
+  std::string unjoined;
+  if (!c->invalidated) {
+    const auto joined = ancestors(s->deps);
+    for (CUstream_st* other : c->streams) {
+      if (other == s) continue;
+      for (CUgraphNode_st* d : other->deps) {
+        if (!joined.count(d)) {
+          unjoined = "stream " + std::to_string(other->id) + "'s work after node " +
+                     std::to_string(d->index) + " (" + d->data.name + ")";
+          break;
+        }
+      }
+      if (!unjoined.empty()) break;
+    }
+  }
+  leaveCapture(c);
+  *pGraph = nullptr;
+  if (c->invalidated || !unjoined.empty()) {
+    if (c->owns_graph) destroyGraph(c->graph);
+    c->graph = nullptr;
+    if (c->invalidated) {
+      return fail(cudaErrorStreamCaptureInvalidated,
+                  "cudaStreamEndCapture: capture %llu was invalidated by %s",
+                  (unsigned long long)c->id, c->why.c_str());
+    }
+    return fail(cudaErrorStreamCaptureUnjoined,
+                "cudaStreamEndCapture: capture %llu has unjoined work: %s was never joined into "
+                "the origin stream",
+                (unsigned long long)c->id, unjoined.c_str());
+  }
+  *pGraph = c->graph;
+  stats().captures_ended++;
+  trace("capture %llu ended: %zu nodes", (unsigned long long)c->id, c->graph->nodes.size());
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* pCaptureStatus) {
+  Lock lock;
+  if (pCaptureStatus == nullptr) return setError(cudaErrorInvalidValue);
+  CUstream_st* s = resolveStream(stream);
+  if (s == nullptr)
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamIsCapturing: unknown stream %s",
+                hex(stream).c_str());
+  if (s->capture == nullptr) {
+    *pCaptureStatus = cudaStreamCaptureStatusNone;
+  } else {
+    *pCaptureStatus = s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                              : cudaStreamCaptureStatusActive;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
+                                     cudaStreamCaptureStatus* captureStatus_out,
+                                     unsigned long long* id_out, cudaGraph_t* graph_out,
+                                     const cudaGraphNode_t** dependencies_out,
+                                     const cudaGraphEdgeData** edgeData_out,
+                                     size_t* numDependencies_out) {
+  Lock lock;
+  if (captureStatus_out == nullptr) return setError(cudaErrorInvalidValue);
+  CUstream_st* s = resolveStream(stream);
+  if (s == nullptr)
+    return fail(cudaErrorInvalidResourceHandle, "cudaStreamGetCaptureInfo: unknown stream");
+  Capture* c = s->capture;
+  if (c == nullptr) {
+    *captureStatus_out = cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+  }
+  *captureStatus_out =
+      c->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  if (id_out) *id_out = c->id;
+  if (graph_out) *graph_out = c->graph;
+  if (dependencies_out) *dependencies_out = s->deps.empty() ? nullptr : s->deps.data();
+  if (edgeData_out) *edgeData_out = s->dep_edges.empty() ? nullptr : s->dep_edges.data();
+  if (numDependencies_out) *numDependencies_out = s->deps.size();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream, cudaGraphNode_t* dependencies,
+                                                const cudaGraphEdgeData* /*dependencyData*/,
+                                                size_t numDependencies, unsigned int flags) {
+  Lock lock;
+  CUstream_st* s = resolveStream(stream);
+  if (s == nullptr)
+    return fail(cudaErrorInvalidResourceHandle,
+                "cudaStreamUpdateCaptureDependencies: unknown stream");
+  if (s->capture == nullptr)
+    return fail(cudaErrorIllegalState, "cudaStreamUpdateCaptureDependencies: not capturing");
+  if (s->capture->invalidated) return setError(cudaErrorStreamCaptureInvalidated);
+  if (flags == cudaStreamSetCaptureDependencies) s->deps.clear();
+  for (size_t i = 0; i < numDependencies; ++i) {
+    if (std::find(s->deps.begin(), s->deps.end(), dependencies[i]) == s->deps.end()) {
+      s->deps.push_back(dependencies[i]);
+    }
+  }
+  s->dep_edges.assign(s->deps.size(), cudaGraphEdgeData{});
+  return cudaSuccess;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  if (mode == nullptr) return setError(cudaErrorInvalidValue);
+  const cudaStreamCaptureMode old = thread_mode;
+  thread_mode = *mode;
+  *mode = old;
+  return cudaSuccess;
+}
+
+// ---- graphs -----------------------------------------------------------------------------------
+
+cudaError_t cudaGraphCreate(cudaGraph_t* pGraph, unsigned int /*flags*/) {
+  Lock lock;
+  if (pGraph == nullptr) return setError(cudaErrorInvalidValue);
+  *pGraph = newGraph();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  Lock lock;
+  if (!liveGraphs().count(graph))
+    return fail(cudaErrorInvalidValue, "cudaGraphDestroy(%s): unknown graph", hex(graph).c_str());
+  if (graph->capturing)
+    return fail(cudaErrorIllegalState, "cudaGraphDestroy: the graph is being captured into");
+  destroyGraph(graph);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* numNodes) {
+  Lock lock;
+  if (!liveGraphs().count(graph) || numNodes == nullptr) return setError(cudaErrorInvalidValue);
+  const size_t n = graph->nodes.size();
+  if (nodes != nullptr) {
+    for (size_t i = 0; i < *numNodes; ++i) nodes[i] = i < n ? graph->nodes[i].get() : nullptr;
+  }
+  *numNodes = n;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t node, cudaGraphNode_t* pDependencies,
+                                         cudaGraphEdgeData* edgeData, size_t* pNumDependencies) {
+  Lock lock;
+  if (node == nullptr || pNumDependencies == nullptr) return setError(cudaErrorInvalidValue);
+  const size_t n = node->deps.size();
+  if (pDependencies != nullptr) {
+    for (size_t i = 0; i < *pNumDependencies; ++i) {
+      pDependencies[i] = i < n ? node->deps[i] : nullptr;
+      if (edgeData != nullptr) edgeData[i] = cudaGraphEdgeData{};
+    }
+  }
+  *pNumDependencies = n;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphAddNode(cudaGraphNode_t* pGraphNode, cudaGraph_t graph,
+                             const cudaGraphNode_t* pDependencies,
+                             const cudaGraphEdgeData* /*dependencyData*/, size_t numDependencies,
+                             cudaGraphNodeParams* nodeParams) {
+  Lock lock;
+  if (!liveGraphs().count(graph) || nodeParams == nullptr || pGraphNode == nullptr) {
+    return setError(cudaErrorInvalidValue);
+  }
+  NodeData d;
+  switch (nodeParams->type) {
+    case cudaGraphNodeTypeEmpty:
+      d.kind = NodeKind::kEmpty;
+      d.name = "empty";
+      break;
+    case cudaGraphNodeTypeKernel:
+      d.kind = NodeKind::kKernel;
+      d.name = kernelName(nodeParams->kernel.func);
+      d.grid = nodeParams->kernel.gridDim;
+      d.block = nodeParams->kernel.blockDim;
+      d.shmem = nodeParams->kernel.sharedMemBytes;
+      break;
+    case cudaGraphNodeTypeHost:
+      d.kind = NodeKind::kHost;
+      d.name = "host function";
+      d.fn = nodeParams->host.fn;
+      d.user_data = nodeParams->host.userData;
+      break;
+    case cudaGraphNodeTypeMemset:
+      d.kind = NodeKind::kMemset;
+      d.name = "memset node";
+      d.dst = nodeParams->memset.dst;
+      d.value = nodeParams->memset.value;
+      d.elem = nodeParams->memset.elementSize;
+      d.width = nodeParams->memset.width;
+      d.height = nodeParams->memset.height;
+      d.dpitch = nodeParams->memset.height > 1 ? nodeParams->memset.pitch
+                                               : nodeParams->memset.width * d.elem;
+      d.dst_known = true;
+      break;
+    default:
+      return fail(cudaErrorNotSupported,
+                  "cudaGraphAddNode: nodes of type %d (conditional, child graph, memcpy 3D, "
+                  "memory allocation, event, semaphore) are not modelled",
+                  (int)nodeParams->type);
+  }
+  if (d.kind == NodeKind::kKernel) stats().kernel_nodes++;
+  auto node = std::make_unique<CUgraphNode_st>();
+  node->data = std::move(d);
+  node->deps.assign(pDependencies, pDependencies + numDependencies);
+  node->graph = graph;
+  node->index = graph->nodes.size();
+  *pGraphNode = node.get();
+  graph->nodes.push_back(std::move(node));
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHandle* /*pHandle_out*/,
+                                             cudaGraph_t /*graph*/, unsigned int /*value*/,
+                                             unsigned int /*flags*/) {
+  return fail(cudaErrorNotSupported,
+              "cudaGraphConditionalHandleCreate: conditional nodes are not modelled (their "
+              "bodies would depend on kernel results)");
+}
+
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+                                          unsigned long long /*flags*/) {
+  Lock lock;
+  if (pGraphExec == nullptr || !liveGraphs().count(graph)) {
+    return fail(cudaErrorInvalidValue, "cudaGraphInstantiateWithFlags: unknown graph %s",
+                hex(graph).c_str());
+  }
+  if (graph->capturing)
+    return fail(cudaErrorIllegalState, "cudaGraphInstantiate: the graph is being captured into");
+  if (cudaError_t e = injectedFailure("cudaGraphInstantiateWithFlags")) return e;
+  auto* exec = new CUgraphExec_st();
+  auto nodes = std::make_shared<std::vector<NodeData>>();
+  nodes->reserve(graph->nodes.size());
+  for (const auto& n : graph->nodes) nodes->push_back(n->data);
+  exec->nodes = std::move(nodes);
+  for (auto& uo : graph->user_objects) {
+    uo.first->refs += uo.second;
+    exec->user_objects.push_back(uo);
+  }
+  liveExecs().insert(exec);
+  stats().live_execs++;
+  *pGraphExec = exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+                                 unsigned long long flags) {
+  return cudaGraphInstantiateWithFlags(pGraphExec, graph, flags);
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+  Lock lock;
+  if (!liveExecs().count(graphExec))
+    return fail(cudaErrorInvalidValue, "cudaGraphExecDestroy(%s): unknown executable graph",
+                hex(graphExec).c_str());
+  // Queued launches keep their own copy of the nodes; the executable graph can go.
+  for (auto& uo : graphExec->user_objects) releaseUserObject(uo.first, uo.second);
+  liveExecs().erase(graphExec);
+  stats().live_execs--;
+  delete graphExec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  Lock lock;
+  if (!liveExecs().count(graphExec))
+    return fail(cudaErrorInvalidValue, "cudaGraphLaunch(%s): unknown executable graph",
+                hex(graphExec).c_str());
+  if (stickyError() != cudaSuccess) return setError(stickyError());
+  if (cudaError_t e = injectedFailure("cudaGraphLaunch")) return e;
+  CUstream_st* s = resolveStream(stream);
+  if (s == nullptr)
+    return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: unknown stream %s",
+                hex(stream).c_str());
+  if (s->capture != nullptr) {
+    invalidate(s->capture, "cudaGraphLaunch into a capture");
+    return fail(cudaErrorNotSupported,
+                "cudaGraphLaunch into a capturing stream (a child graph) is not modelled");
+  }
+  bool captured = false;
+  cudaError_t e = captureCheck(s, "cudaGraphLaunch", &captured);
+  if (e != cudaSuccess) return e;
+  graphExec->launches++;
+  stats().graph_launches++;
+  enqueue(s, "graph launch", [nodes = graphExec->nodes] {
+    for (const NodeData& n : *nodes) {
+      executeNode(n, "graph replay");
+      if (stickyError() != cudaSuccess) return;
+    }
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDebugDotPrint(cudaGraph_t graph, const char* path, unsigned int /*flags*/) {
+  Lock lock;
+  if (!liveGraphs().count(graph) || path == nullptr) return setError(cudaErrorInvalidValue);
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr)
+    return fail(cudaErrorInvalidValue, "cudaGraphDebugDotPrint: cannot write %s", path);
+  std::fprintf(f, "digraph standin_graph {\n");
+  for (const auto& n : graph->nodes) {
+    std::string label = n->data.name;
+    for (char& c : label) {
+      if (c == '"') c = '\'';
+    }
+    std::fprintf(f, "  n%zu [label=\"%zu: %s\"];\n", n->index, n->index, label.c_str());
+    for (const CUgraphNode_st* d : n->deps)
+      std::fprintf(f, "  n%zu -> n%zu;\n", d->index, n->index);
+  }
+  std::fprintf(f, "}\n");
+  std::fclose(f);
+  return cudaSuccess;
+}
+
+// ---- user objects -------------------------------------------------------------------------------
+
+cudaError_t cudaUserObjectCreate(cudaUserObject_t* object_out, void* ptr, cudaHostFn_t destroy,
+                                 unsigned int initialRefcount, unsigned int /*flags*/) {
+  Lock lock;
+  if (object_out == nullptr || initialRefcount == 0) return setError(cudaErrorInvalidValue);
+  auto* o = new CUuserObject_st();
+  o->ptr = ptr;
+  o->destroy = destroy;
+  o->refs = initialRefcount;
+  *object_out = o;
+  return cudaSuccess;
+}
+
+cudaError_t cudaUserObjectRetain(cudaUserObject_t object, unsigned int count) {
+  Lock lock;
+  object->refs += count;
+  return cudaSuccess;
+}
+
+cudaError_t cudaUserObjectRelease(cudaUserObject_t object, unsigned int count) {
+  Lock lock;
+  releaseUserObject(object, count);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, cudaUserObject_t object,
+                                      unsigned int count, unsigned int flags) {
+  Lock lock;
+  if (!liveGraphs().count(graph))
+    return fail(cudaErrorInvalidValue, "cudaGraphRetainUserObject: unknown graph");
+  if ((flags & cudaGraphUserObjectMove) == 0) object->refs += count;  // Move: the caller's refs
+  graph->user_objects.push_back({object, count});
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphReleaseUserObject(cudaGraph_t graph, cudaUserObject_t object,
+                                       unsigned int count) {
+  Lock lock;
+  if (!liveGraphs().count(graph))
+    return fail(cudaErrorInvalidValue, "cudaGraphReleaseUserObject: unknown graph");
+  for (auto& uo : graph->user_objects) {
+    if (uo.first == object && uo.second >= count) {
+      uo.second -= count;
+      if (uo.second == 0) {
+        uo = graph->user_objects.back();
+        graph->user_objects.pop_back();
+      }
+      releaseUserObject(object, count);
+      return cudaSuccess;
+    }
+  }
+  return fail(cudaErrorInvalidValue,
+              "cudaGraphReleaseUserObject: the graph holds fewer references");
+}
+
+}  // extern "C"

@@ -1,0 +1,701 @@
+// Device memory, pinned host memory, copies, memsets, symbols and the stream-ordered allocator.
+
+#include "standin.h"
+
+#include <cstdlib>
+#include <cstring>
+
+// Note [Stand-in memory]
+// Device memory is host memory: cudaMalloc is posix_memalign (4 KiB aligned), counted against a
+// capacity (CUDA_STANDIN_MEMORY, default 16 GiB, standin_set_capacity()); past it, and at an
+// allocation armed with standin_fail_allocation(), it fails with cudaErrorMemoryAllocation as a
+// full device does. New memory is poisoned (CUDA_STANDIN_POISON, 0xFF by default: a float NaN),
+// so a value that no copy wrote -- a kernel's output, since kernels never run -- is visibly not
+// a result. Every allocation is in one map: a copy or memset checks that each device-side range
+// lies inside one live allocation (cudaErrorInvalidValue otherwise; a graph node or queued work
+// that finds its memory gone is a sticky device fault, as an illegal address is on a GPU).
+// Copies and memsets really move bytes, in stream order (Note [Stand-in streams]). Pinned memory
+// (cudaHostAlloc, cudaHostRegister) is host memory the map knows, so copies from it are
+// asynchronous and may be captured; a copy from pageable memory is synchronous (staged at the
+// call, as the runtime does) and is refused inside a capture. cudaFree and cudaFreeHost wait
+// for the whole device, as they do on a GPU. The stream-ordered allocator (cudaMallocAsync) is
+// eager; inside a capture it would need memory-allocation nodes, which are not modelled.
+
+namespace standin {
+
+namespace {
+
+std::map<uintptr_t, Allocation>& allocations() {
+  static auto* m = new std::map<uintptr_t, Allocation>();
+  return *m;
+}
+int64_t fail_at = 0;     // standin_fail_allocation: 1 = the next allocation fails
+int64_t fail_count = 0;  // how many fail from there
+
+// Async-pool bookkeeping (cudaMallocAsync).
+std::map<uintptr_t, size_t>& asyncAllocations() {
+  static auto* m = new std::map<uintptr_t, size_t>();
+  return *m;
+}
+size_t async_high = 0;
+uint64_t release_threshold = 0;
+struct CUmemPoolHandle_st* const kDefaultPool =
+    reinterpret_cast<struct CUmemPoolHandle_st*>(0x5700);
+
+// Symbols: host shadow variable -> device copy.
+std::map<const void*, std::pair<void*, size_t>>& symbols() {
+  static auto* m = new std::map<const void*, std::pair<void*, size_t>>();
+  return *m;
+}
+
+// A pointer's side of a copy: device memory, pinned host memory, or pageable (unknown) host.
+enum class Side { kDevice, kPinned, kPageable };
+
+Side sideOf(const void* p) {
+  const Allocation* a = findAllocation(p);
+  if (a == nullptr) return Side::kPageable;
+  return isDeviceKind(a->kind) ? Side::kDevice : Side::kPinned;
+}
+
+// Checks one side of a copy of `extent` bytes; the error for a device range that is not inside
+// one live allocation.
+cudaError_t checkSide(const void* p, size_t extent, bool must_be_device, const char* call,
+                      const char* which) {
+  if (extent == 0) return cudaSuccess;
+  if (p == nullptr) return fail(cudaErrorInvalidValue, "%s: %s is NULL", call, which);
+  const Allocation* a = findAllocation(p);
+  if (a == nullptr) {
+    if (must_be_device) {
+      return fail(cudaErrorInvalidValue, "%s: %s %s is not in any live device allocation", call,
+                  which, hex(p).c_str());
+    }
+    return cudaSuccess;
+  }
+  if (must_be_device && !isDeviceKind(a->kind)) {
+    return fail(cudaErrorInvalidValue, "%s: %s %s is host memory, the copy's kind says device",
+                call, which, hex(p).c_str());
+  }
+  if (reinterpret_cast<uintptr_t>(p) + extent > a->base + a->size) {
+    return fail(cudaErrorInvalidValue,
+                "%s: %s [%s, +%zu) runs past the end of its allocation [%s, +%zu)", call, which,
+                hex(p).c_str(), extent, hex(reinterpret_cast<void*>(a->base)).c_str(), a->size);
+  }
+  return cudaSuccess;
+}
+
+void* allocateHost(size_t size) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, size == 0 ? 1 : size) != 0) return nullptr;
+  return p;
+}
+
+// A copy or memset, submitted to `stream`: a capture node, or queued work.
+cudaError_t submit(CUstream_st* s, NodeData n, const char* call, bool host_sync,
+                   const void* pageable_src) {
+  bool captured = false;
+  cudaError_t e = captureCheck(s, call, &captured);
+  if (e != cudaSuccess) return e;
+  if (captured) {
+    if (pageable_src != nullptr || host_sync) {
+      invalidate(s->capture, std::string(call) + " with pageable host memory");
+      return fail(cudaErrorStreamCaptureUnsupported,
+                  "%s: a copy to or from pageable host memory cannot be captured", call);
+    }
+    addCaptureNode(s, std::move(n));
+    return cudaSuccess;
+  }
+  std::shared_ptr<std::vector<char>> staged;
+  if (pageable_src != nullptr) {
+    // The runtime stages pageable sources before it returns: later changes do not count.
+    const size_t extent = n.height == 0 ? 0 : (n.height - 1) * n.spitch + n.width;
+    staged = std::make_shared<std::vector<char>>(static_cast<const char*>(pageable_src),
+                                                 static_cast<const char*>(pageable_src) + extent);
+    n.src = staged->data();
+  }
+  const uint64_t seq = enqueue(s, call, [n, staged, call] { executeNode(n, call); });
+  if (host_sync) runUpTo(s, seq);
+  return cudaSuccess;
+}
+
+cudaError_t copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                   size_t height, cudaMemcpyKind kind, cudaStream_t stream, const char* call,
+                   bool sync) {
+  Lock lock;
+  if (stickyError() != cudaSuccess) return setError(stickyError());
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (height > 1 && (dpitch < width || spitch < width)) {
+    return fail(cudaErrorInvalidValue, "%s: pitch smaller than the width", call);
+  }
+  const size_t dext = (height - 1) * dpitch + width;
+  const size_t sext = (height - 1) * spitch + width;
+  const Side ds = sideOf(dst), ss = sideOf(src);
+  bool dst_dev = false, src_dev = false;
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      dst_dev = true;
+      break;
+    case cudaMemcpyDeviceToHost:
+      src_dev = true;
+      break;
+    case cudaMemcpyDeviceToDevice:
+      dst_dev = src_dev = true;
+      break;
+    case cudaMemcpyHostToHost:
+      break;
+    case cudaMemcpyDefault:
+      dst_dev = ds == Side::kDevice;
+      src_dev = ss == Side::kDevice;
+      break;
+    default:
+      return fail(cudaErrorInvalidValue, "%s: copy kind %d", call, (int)kind);
+  }
+  cudaError_t e = checkSide(dst, dext, dst_dev, call, "the destination");
+  if (e == cudaSuccess) e = checkSide(src, sext, src_dev, call, "the source");
+  if (e != cudaSuccess) return e;
+  CUstream_st* s = sync ? legacyStream() : resolveStream(stream);
+  if (s == nullptr)
+    return fail(cudaErrorInvalidResourceHandle, "%s: unknown stream %s", call, hex(stream).c_str());
+  NodeData n;
+  n.kind = NodeKind::kMemcpy;
+  n.name = call;
+  n.dst = dst;
+  n.src = src;
+  n.width = width;
+  n.height = height;
+  n.dpitch = height > 1 ? dpitch : width;
+  n.spitch = height > 1 ? spitch : width;
+  n.dst_known = ds != Side::kPageable;
+  n.src_known = ss != Side::kPageable;
+  // A pageable destination makes the call synchronous; a pageable source is staged.
+  const bool host_sync = sync || (!dst_dev && ds == Side::kPageable);
+  const void* pageable_src = (!src_dev && ss == Side::kPageable) ? src : nullptr;
+  return submit(s, std::move(n), call, host_sync, pageable_src);
+}
+
+cudaError_t memset2D(void* p, unsigned value, unsigned elem, size_t width, size_t height,
+                     size_t pitch, cudaStream_t stream, const char* call) {
+  Lock lock;
+  if (stickyError() != cudaSuccess) return setError(stickyError());
+  if (width == 0 || height == 0) return cudaSuccess;
+  cudaError_t e = checkSide(p, (height - 1) * pitch + width * elem, true, call, "the destination");
+  if (e != cudaSuccess) return e;
+  CUstream_st* s = resolveStream(stream);
+  if (s == nullptr)
+    return fail(cudaErrorInvalidResourceHandle, "%s: unknown stream %s", call, hex(stream).c_str());
+  NodeData n;
+  n.kind = NodeKind::kMemset;
+  n.name = call;
+  n.dst = p;
+  n.value = value;
+  n.elem = elem;
+  n.width = width;
+  n.height = height;
+  n.dpitch = height > 1 ? pitch : width * elem;
+  n.dst_known = true;
+  return submit(s, std::move(n), call, false, nullptr);
+}
+
+}  // namespace
+
+const Allocation* findAllocation(const void* p) {
+  auto& m = allocations();
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = m.upper_bound(addr);
+  if (it == m.begin()) return nullptr;
+  --it;
+  const Allocation& a = it->second;
+  return addr >= a.base && addr < a.base + a.size ? &a : nullptr;
+}
+
+namespace {
+bool inside(const void* p, size_t n, const Allocation* a) {
+  return a != nullptr && reinterpret_cast<uintptr_t>(p) + n <= a->base + a->size;
+}
+}  // namespace
+
+bool isDeviceRange(const void* p, size_t n) {
+  const Allocation* a = findAllocation(p);
+  return a != nullptr && isDeviceKind(a->kind) && inside(p, n, a);
+}
+
+bool isPinned(const void* p, size_t n) {
+  const Allocation* a = findAllocation(p);
+  return a != nullptr && !isDeviceKind(a->kind) && inside(p, n, a);
+}
+
+void registerAllocation(uintptr_t base, size_t size, MemKind kind) {
+  allocations()[base] = Allocation{base, size, kind};
+}
+
+void unregisterAllocation(uintptr_t base) {
+  allocations().erase(base);
+}
+
+bool reserveDeviceBytes(size_t n) {
+  StandinStats& st = stats();
+  if (fail_at > 0 && --fail_at == 0) {
+    if (--fail_count > 0) fail_at = 1;
+    st.oom++;
+    return false;
+  }
+  if (static_cast<size_t>(st.bytes_in_use) + n > config().capacity) {
+    st.oom++;
+    return false;
+  }
+  st.bytes_in_use += static_cast<int64_t>(n);
+  if (st.bytes_in_use > st.peak_bytes) st.peak_bytes = st.bytes_in_use;
+  return true;
+}
+
+void releaseDeviceBytes(size_t n) {
+  stats().bytes_in_use -= static_cast<int64_t>(n);
+}
+
+void poison(void* p, size_t n) {
+  if (config().poison >= 0) std::memset(p, config().poison, n);
+}
+
+// A node's work: copies and memsets move bytes after checking that their device ranges are still
+// allocated (a fault otherwise); kernels are counted only; host functions run.
+void executeNode(const NodeData& n, const char* where) {
+  switch (n.kind) {
+    case NodeKind::kMemcpy: {
+      const size_t dext = (n.height - 1) * n.dpitch + n.width;
+      const size_t sext = (n.height - 1) * n.spitch + n.width;
+      if (n.dst_known && !inside(n.dst, dext, findAllocation(n.dst))) {
+        deviceFault("%s (%s): writes [%s, +%zu), which is no longer allocated", where,
+                    n.name.c_str(), hex(n.dst).c_str(), dext);
+        return;
+      }
+      if (n.src_known && !inside(n.src, sext, findAllocation(n.src))) {
+        deviceFault("%s (%s): reads [%s, +%zu), which is no longer allocated", where,
+                    n.name.c_str(), hex(n.src).c_str(), sext);
+        return;
+      }
+      for (size_t r = 0; r < n.height; ++r) {
+        std::memmove(static_cast<char*>(n.dst) + r * n.dpitch,
+                     static_cast<const char*>(n.src) + r * n.spitch, n.width);
+      }
+      stats().copies++;
+      return;
+    }
+    case NodeKind::kMemset: {
+      const size_t ext = (n.height - 1) * n.dpitch + n.width * n.elem;
+      if (!isDeviceRange(n.dst, ext)) {
+        deviceFault("%s (%s): sets [%s, +%zu), which is no longer allocated", where, n.name.c_str(),
+                    hex(n.dst).c_str(), ext);
+        return;
+      }
+      for (size_t r = 0; r < n.height; ++r) {
+        char* row = static_cast<char*>(n.dst) + r * n.dpitch;
+        if (n.elem == 1) {
+          std::memset(row, static_cast<int>(n.value & 0xFF), n.width);
+        } else if (n.elem == 2) {
+          auto* q = reinterpret_cast<uint16_t*>(row);
+          for (size_t i = 0; i < n.width; ++i) q[i] = static_cast<uint16_t>(n.value);
+        } else {
+          auto* q = reinterpret_cast<uint32_t*>(row);
+          for (size_t i = 0; i < n.width; ++i) q[i] = n.value;
+        }
+      }
+      stats().copies++;
+      return;
+    }
+    case NodeKind::kHost:
+      if (n.fn != nullptr) n.fn(n.user_data);
+      return;
+    case NodeKind::kEventRecord:
+      if (n.event != nullptr) n.event->time_ms = nowMs();
+      return;
+    case NodeKind::kKernel:
+    case NodeKind::kEmpty:
+      return;
+  }
+}
+
+}  // namespace standin
+
+using namespace standin;
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** devPtr, size_t size) {
+  Lock lock;
+  if (devPtr == nullptr) return setError(cudaErrorInvalidValue);
+  cudaError_t e = checkUnsafe("cudaMalloc");
+  if (e != cudaSuccess) return e;
+  if (stickyError() != cudaSuccess) return setError(stickyError());
+  if (size == 0) {
+    *devPtr = nullptr;
+    return cudaSuccess;
+  }
+  const size_t rounded = (size + 511) & ~size_t(511);
+  if (!reserveDeviceBytes(rounded)) {
+    return fail(cudaErrorMemoryAllocation,
+                "cudaMalloc(%zu): out of memory (%lld of %zu bytes in use)", size,
+                (long long)stats().bytes_in_use, config().capacity);
+  }
+  void* p = allocateHost(rounded);
+  if (p == nullptr) {
+    releaseDeviceBytes(rounded);
+    return fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu): the host is out of memory", size);
+  }
+  poison(p, rounded);
+  registerAllocation(reinterpret_cast<uintptr_t>(p), rounded, MemKind::kDevice);
+  stats().mallocs++;
+  *devPtr = p;
+  trace("cudaMalloc(%zu) = %p", size, p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* devPtr) {
+  Lock lock;
+  if (devPtr == nullptr) return cudaSuccess;
+  cudaError_t e = checkUnsafe("cudaFree");
+  if (e != cudaSuccess) return e;
+  const Allocation* a = findAllocation(devPtr);
+  if (a == nullptr || a->base != reinterpret_cast<uintptr_t>(devPtr) ||
+      a->kind != MemKind::kDevice) {
+    return fail(cudaErrorInvalidValue, "cudaFree(%s): not the start of a cudaMalloc allocation",
+                hex(devPtr).c_str());
+  }
+  runAll();  // cudaFree waits for the device
+  const size_t size = a->size;
+  unregisterAllocation(a->base);
+  releaseDeviceBytes(size);
+  std::free(devPtr);
+  stats().frees++;
+  trace("cudaFree(%p)", devPtr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  Lock lock;
+  const size_t used = static_cast<size_t>(stats().bytes_in_use);
+  if (free_bytes) *free_bytes = config().capacity > used ? config().capacity - used : 0;
+  if (total) *total = config().capacity;
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int /*flags*/) {
+  Lock lock;
+  if (pHost == nullptr) return setError(cudaErrorInvalidValue);
+  cudaError_t e = checkUnsafe("cudaHostAlloc");
+  if (e != cudaSuccess) return e;
+  void* p = allocateHost(size);
+  if (p == nullptr)
+    return fail(cudaErrorMemoryAllocation, "cudaHostAlloc(%zu): the host is out of memory", size);
+  poison(p, size);
+  registerAllocation(reinterpret_cast<uintptr_t>(p), size == 0 ? 1 : size, MemKind::kPinned);
+  *pHost = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  return cudaHostAlloc(ptr, size, 0);
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  Lock lock;
+  if (ptr == nullptr) return cudaSuccess;
+  cudaError_t e = checkUnsafe("cudaFreeHost");
+  if (e != cudaSuccess) return e;
+  const Allocation* a = findAllocation(ptr);
+  if (a == nullptr || a->base != reinterpret_cast<uintptr_t>(ptr) || a->kind != MemKind::kPinned) {
+    return fail(cudaErrorInvalidValue, "cudaFreeHost(%s): not a cudaHostAlloc allocation",
+                hex(ptr).c_str());
+  }
+  runAll();
+  unregisterAllocation(a->base);
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int /*flags*/) {
+  Lock lock;
+  if (ptr == nullptr || size == 0) return setError(cudaErrorInvalidValue);
+  cudaError_t e = checkUnsafe("cudaHostRegister");
+  if (e != cudaSuccess) return e;
+  if (findAllocation(ptr) != nullptr) {
+    return fail(cudaErrorHostMemoryAlreadyRegistered, "cudaHostRegister(%s): already registered",
+                hex(ptr).c_str());
+  }
+  registerAllocation(reinterpret_cast<uintptr_t>(ptr), size, MemKind::kRegistered);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void* ptr) {
+  Lock lock;
+  const Allocation* a = findAllocation(ptr);
+  if (a == nullptr || a->kind != MemKind::kRegistered ||
+      a->base != reinterpret_cast<uintptr_t>(ptr)) {
+    return fail(cudaErrorHostMemoryNotRegistered, "cudaHostUnregister(%s): not registered",
+                hex(ptr).c_str());
+  }
+  runAll();
+  unregisterAllocation(a->base);
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  Lock lock;
+  if (attributes == nullptr) return setError(cudaErrorInvalidValue);
+  std::memset(attributes, 0, sizeof(*attributes));
+  const Allocation* a = findAllocation(ptr);
+  if (a == nullptr) {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+    attributes->hostPointer = const_cast<void*>(ptr);
+    return cudaSuccess;
+  }
+  attributes->device = 0;
+  if (isDeviceKind(a->kind)) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->devicePointer = const_cast<void*>(ptr);
+  } else {
+    attributes->type = cudaMemoryTypeHost;
+    attributes->devicePointer = const_cast<void*>(ptr);
+    attributes->hostPointer = const_cast<void*>(ptr);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  {
+    Lock lock;
+    cudaError_t e = checkUnsafe("cudaMemcpy");
+    if (e != cudaSuccess) return e;
+  }
+  return copy2D(dst, count, src, count, count, 1, kind, nullptr, "cudaMemcpy", true);
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (cudaError_t e = injectedFailure("cudaMemcpyAsync")) return e;
+  return copy2D(dst, count, src, count, count, 1, kind, stream, "cudaMemcpyAsync", false);
+}
+
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream) {
+  return copy2D(dst, dpitch, src, spitch, width, height, kind, stream, "cudaMemcpy2DAsync", false);
+}
+
+cudaError_t cudaMemcpyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice,
+                                size_t count, cudaStream_t stream) {
+  if (dstDevice != 0 || srcDevice != 0) {
+    return fail(cudaErrorInvalidDevice, "cudaMemcpyPeerAsync(%d <- %d): one device", dstDevice,
+                srcDevice);
+  }
+  return copy2D(dst, count, src, count, count, 1, cudaMemcpyDeviceToDevice, stream,
+                "cudaMemcpyPeerAsync", false);
+}
+
+cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+  return memset2D(devPtr, static_cast<unsigned>(value), 1, count, 1, count, nullptr, "cudaMemset");
+}
+
+cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
+  return memset2D(devPtr, static_cast<unsigned>(value), 1, count, 1, count, stream,
+                  "cudaMemsetAsync");
+}
+
+}  // extern "C"
+
+namespace standin {
+// For the driver's cuMemsetD32Async and cuStreamWriteValue32.
+cudaError_t memsetD32(void* p, unsigned value, size_t count, cudaStream_t stream,
+                      const char* call) {
+  return memset2D(p, value, 4, count, 1, count * 4, stream, call);
+}
+}  // namespace standin
+
+extern "C" {
+
+// ---- symbols (__device__ variables) ------------------------------------------------------------
+
+void __cudaRegisterVar(void** /*fatCubinHandle*/, char* hostVar, char* /*deviceAddress*/,
+                       const char* /*deviceName*/, int /*ext*/, size_t size, int /*constant*/,
+                       int /*global*/) {
+  Lock lock;
+  void* p = allocateHost(size);
+  if (p == nullptr) return;
+  std::memcpy(p, hostVar, size);  // the shadow holds the variable's initial value
+  registerAllocation(reinterpret_cast<uintptr_t>(p), size == 0 ? 1 : size, MemKind::kSymbol);
+  symbols()[hostVar] = {p, size};
+}
+
+cudaError_t cudaGetSymbolAddress(void** devPtr, const void* symbol) {
+  Lock lock;
+  auto it = symbols().find(symbol);
+  if (it == symbols().end())
+    return fail(cudaErrorInvalidSymbol, "cudaGetSymbolAddress: unknown symbol %s",
+                hex(symbol).c_str());
+  *devPtr = it->second.first;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count, size_t offset,
+                               cudaMemcpyKind kind) {
+  void* base = nullptr;
+  {
+    Lock lock;
+    auto it = symbols().find(symbol);
+    if (it == symbols().end())
+      return fail(cudaErrorInvalidSymbol, "cudaMemcpyToSymbol: unknown symbol %s",
+                  hex(symbol).c_str());
+    if (offset + count > it->second.second)
+      return fail(cudaErrorInvalidValue, "cudaMemcpyToSymbol: past the symbol's end");
+    base = it->second.first;
+  }
+  return cudaMemcpy(static_cast<char*>(base) + offset, src, count,
+                    kind == cudaMemcpyDefault ? cudaMemcpyDefault : kind);
+}
+
+// ---- the stream-ordered allocator ---------------------------------------------------------------
+
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* memPool, int device) {
+  if (device != 0)
+    return fail(cudaErrorInvalidDevice, "cudaDeviceGetDefaultMemPool(%d): one device", device);
+  *memPool = kDefaultPool;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
+  {
+    Lock lock;
+    CUstream_st* s = resolveStream(hStream);
+    if (s == nullptr)
+      return fail(cudaErrorInvalidResourceHandle, "cudaMallocAsync: unknown stream");
+    if (s->capture != nullptr) {
+      return fail(cudaErrorNotSupported,
+                  "cudaMallocAsync inside a stream capture needs memory-allocation nodes, which "
+                  "the stand-in does not model");
+    }
+  }
+  Lock lock;
+  if (size == 0) {
+    *devPtr = nullptr;
+    return cudaSuccess;
+  }
+  const size_t rounded = (size + 511) & ~size_t(511);
+  if (!reserveDeviceBytes(rounded)) {
+    return fail(cudaErrorMemoryAllocation, "cudaMallocAsync(%zu): out of memory", size);
+  }
+  void* p = allocateHost(rounded);
+  poison(p, rounded);
+  registerAllocation(reinterpret_cast<uintptr_t>(p), rounded, MemKind::kDevice);
+  asyncAllocations()[reinterpret_cast<uintptr_t>(p)] = rounded;
+  size_t used = 0;
+  for (auto& kv : asyncAllocations()) used += kv.second;
+  if (used > async_high) async_high = used;
+  stats().mallocs++;
+  *devPtr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
+  Lock lock;
+  if (devPtr == nullptr) return cudaSuccess;
+  CUstream_st* s = resolveStream(hStream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle, "cudaFreeAsync: unknown stream");
+  if (s->capture != nullptr) {
+    return fail(cudaErrorNotSupported, "cudaFreeAsync inside a stream capture is not modelled");
+  }
+  auto it = asyncAllocations().find(reinterpret_cast<uintptr_t>(devPtr));
+  if (it == asyncAllocations().end())
+    return fail(cudaErrorInvalidValue, "cudaFreeAsync(%s): not a cudaMallocAsync allocation",
+                hex(devPtr).c_str());
+  runStream(s);  // freed once the stream's earlier work is done
+  releaseDeviceBytes(it->second);
+  unregisterAllocation(it->first);
+  asyncAllocations().erase(it);
+  std::free(devPtr);
+  stats().frees++;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t /*memPool*/, size_t /*minBytesToKeep*/) {
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t /*memPool*/, cudaMemPoolAttr attr, void* value) {
+  Lock lock;
+  if (attr == cudaMemPoolAttrReleaseThreshold) release_threshold = *static_cast<uint64_t*>(value);
+  if (attr == cudaMemPoolAttrReservedMemHigh || attr == cudaMemPoolAttrUsedMemHigh) async_high = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t /*memPool*/, cudaMemPoolAttr attr, void* value) {
+  Lock lock;
+  size_t used = 0;
+  for (auto& kv : asyncAllocations()) used += kv.second;
+  switch (attr) {
+    case cudaMemPoolAttrReleaseThreshold:
+      *static_cast<uint64_t*>(value) = release_threshold;
+      break;
+    case cudaMemPoolAttrReservedMemCurrent:
+    case cudaMemPoolAttrUsedMemCurrent:
+      *static_cast<uint64_t*>(value) = used;
+      break;
+    case cudaMemPoolAttrReservedMemHigh:
+    case cudaMemPoolAttrUsedMemHigh:
+      *static_cast<uint64_t*>(value) = async_high;
+      break;
+    default:
+      *static_cast<int*>(value) = 1;
+      break;  // the reuse policies: all enabled
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t /*memPool*/, const cudaMemAccessDesc* /*descList*/,
+                                 size_t /*count*/) {
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetGraphMemAttribute(int device, cudaGraphMemAttributeType /*attr*/,
+                                           void* value) {
+  if (device != 0)
+    return fail(cudaErrorInvalidDevice, "cudaDeviceGetGraphMemAttribute: one device");
+  *static_cast<uint64_t*>(value) = 0;  // no memory-allocation nodes, so none in use
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSetGraphMemAttribute(int device, cudaGraphMemAttributeType /*attr*/,
+                                           void* /*value*/) {
+  if (device != 0)
+    return fail(cudaErrorInvalidDevice, "cudaDeviceSetGraphMemAttribute: one device");
+  return cudaSuccess;
+}
+
+// ---- IPC: not modelled (one process, no driver) ------------------------------------------------
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* /*handle*/, void* /*devPtr*/) {
+  return fail(cudaErrorNotSupported, "cudaIpcGetMemHandle: IPC is not modelled");
+}
+cudaError_t cudaIpcOpenMemHandle(void** /*devPtr*/, cudaIpcMemHandle_t /*handle*/, unsigned int) {
+  return fail(cudaErrorNotSupported, "cudaIpcOpenMemHandle: IPC is not modelled");
+}
+cudaError_t cudaIpcCloseMemHandle(void* /*devPtr*/) {
+  return fail(cudaErrorNotSupported, "cudaIpcCloseMemHandle: IPC is not modelled");
+}
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* /*handle*/, cudaEvent_t /*event*/) {
+  return fail(cudaErrorNotSupported, "cudaIpcGetEventHandle: IPC is not modelled");
+}
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* /*event*/, cudaIpcEventHandle_t /*handle*/) {
+  return fail(cudaErrorNotSupported, "cudaIpcOpenEventHandle: IPC is not modelled");
+}
+
+__attribute__((visibility("default"))) void standin_fail_allocation(int64_t n, int64_t count) {
+  Lock lock;
+  fail_at = n;
+  fail_count = count < 1 ? 1 : count;
+}
+
+__attribute__((visibility("default"))) int standin_is_device_memory(const void* p, size_t n) {
+  Lock lock;
+  return isDeviceRange(p, n == 0 ? 1 : n) ? 1 : 0;
+}
+
+}  // extern "C"

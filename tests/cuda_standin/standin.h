@@ -1,0 +1,242 @@
+#pragma once
+
+// The CUDA stand-in: a CUDA runtime (libcudart.so.13), driver (libcuda.so.1) and cuBLAS /
+// cuBLASLt (libcublas.so.13, libcublasLt.so.13) for machines without a GPU, so that real torch
+// runs its real CUDACachingAllocator, CUDAGraph and generators, and graphtrees' CUDA backend on
+// them. It is a test tool: nothing of it ships with graphtrees. README.md in this folder says how
+// it is built and run; each area's semantics are in a Note of its own file:
+//   Note [Stand-in memory]            memory.cpp   host memory under a capacity, poisoned
+//   Note [Stand-in streams]           streams.cpp  queues, events, eager and deferred execution
+//   Note [Stand-in captures]          capture.cpp  stream capture, its modes and its errors
+//   Note [Stand-in graphs]            capture.cpp  graphs, replays, user objects
+//   Note [Stand-in kernels]           kernels.cpp  registration and launches, never executed
+//   Note [Stand-in driver]            driver.cpp   the driver API, virtual memory on mmap
+//   Note [Stand-in cuBLAS]            cublas.cpp   handles, workspaces and GEMMs as kernels
+//   Note [Unmodelled calls]           state.cpp    what the stand-in refuses, and how
+//
+// Everything below is internal to libcudart.so.13; the other libraries reach it through the
+// exported standin_* functions (standin_api.h).
+
+#include <cuda_runtime_api.h>
+
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "standin_api.h"
+
+namespace standin {
+
+// ---- configuration (environment, read once) ------------------------------------------------
+struct Config {
+  size_t capacity;  // CUDA_STANDIN_MEMORY: device bytes, e.g. "8G" (default 16G)
+  int poison;       // CUDA_STANDIN_POISON: byte new memory is filled with; -1: "off"
+  bool deferred;    // CUDA_STANDIN_DEFERRED=1: streams run at synchronisation points
+  bool trace;       // CUDA_STANDIN_TRACE=1: every modelled call on stderr
+  bool quiet;       // CUDA_STANDIN_QUIET=1: no error reports on stderr
+};
+Config& config();
+
+// ---- the one lock ------------------------------------------------------------------------------
+// One recursive mutex guards all state. Callbacks that may call back into Python (user-object
+// destructors) are queued with afterUnlock() and run once the outermost Lock is released.
+class Lock {
+ public:
+  Lock();
+  ~Lock();
+  Lock(const Lock&) = delete;
+  Lock& operator=(const Lock&) = delete;
+};
+void afterUnlock(std::function<void()> fn);
+
+// ---- errors and reports ----------------------------------------------------------------------
+// Records `e` as the calling thread's last error and returns it (cudaSuccess leaves it alone).
+cudaError_t setError(cudaError_t e);
+// Reports why a call failed (stderr, unless quiet; kept for standin_last_message) and returns e.
+cudaError_t fail(cudaError_t e, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void trace(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// A device-side fault (a graph node or a queued copy touching memory that is no longer
+// allocated): sticky, as on a GPU, until standin_clear_sticky_error().
+void deviceFault(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+cudaError_t stickyError();
+// The error standin_fail_next() armed for `call` (consumed), or cudaSuccess.
+cudaError_t injectedFailure(const char* call);
+const char* errorName(cudaError_t e);
+const char* errorString(cudaError_t e);
+StandinStats& stats();
+
+// ---- memory ----------------------------------------------------------------------------------
+enum class MemKind { kDevice, kSymbol, kMapped, kPinned, kRegistered };
+struct Allocation {
+  uintptr_t base = 0;
+  size_t size = 0;
+  MemKind kind = MemKind::kDevice;
+};
+// The live allocation that contains address p, or nullptr (callers check the extent).
+const Allocation* findAllocation(const void* p);
+inline bool isDeviceKind(MemKind k) {
+  return k == MemKind::kDevice || k == MemKind::kSymbol || k == MemKind::kMapped;
+}
+// Whether [p, p + n) lies in device memory (a live device, symbol or mapped allocation).
+bool isDeviceRange(const void* p, size_t n);
+// Whether p is in page-locked host memory (cudaHostAlloc or cudaHostRegister).
+bool isPinned(const void* p, size_t n);
+// One device: its properties and attributes (state.cpp), for the runtime and the driver.
+void fillProperties(cudaDeviceProp* p);
+bool deviceAttribute(int attr, int* value);
+int currentDevice();
+cudaError_t memsetD32(void* p, unsigned value, size_t count, cudaStream_t stream, const char* call);
+void registerAllocation(uintptr_t base, size_t size, MemKind kind);
+void unregisterAllocation(uintptr_t base);
+// Bytes of device memory in use, counted against the capacity; reserve() fails past it.
+bool reserveDeviceBytes(size_t n);
+void releaseDeviceBytes(size_t n);
+void poison(void* p, size_t n);
+
+// ---- streams ---------------------------------------------------------------------------------
+struct Capture;
+
+// A unit of work in a stream's queue (Note [Stand-in streams]).
+struct Op {
+  uint64_t seq = 0;
+  const char* what = "";
+  std::vector<std::pair<CUstream_st*, uint64_t>> waits;  // run those streams up to seq first
+  std::function<void()> run;
+};
+
+}  // namespace standin
+
+struct CUstream_st {
+  uint64_t id = 0;
+  unsigned flags = 0;  // cudaStreamNonBlocking
+  int priority = 0;
+  bool legacy = false;
+  bool per_thread = false;
+  bool alive = true;
+  // Deferred execution: the ops not yet run, in order; every op with seq <= done_seq has run.
+  std::vector<standin::Op> queue;
+  size_t queue_head = 0;
+  uint64_t next_seq = 1;
+  uint64_t done_seq = 0;
+  // Stream capture: the capture this stream takes part in, and its current dependency set.
+  standin::Capture* capture = nullptr;
+  std::vector<CUgraphNode_st*> deps;
+  std::vector<cudaGraphEdgeData> dep_edges;  // zeroed, as many as deps (GetCaptureInfo)
+};
+
+struct CUevent_st {
+  unsigned flags = 0;
+  bool alive = true;
+  CUstream_st* stream = nullptr;  // the stream of its last record; nullptr: never recorded
+  uint64_t seq = 0;               // complete once stream->done_seq >= seq
+  double time_ms = 0;             // when the record ran (cudaEventElapsedTime)
+  // A record inside a capture: the capture and the dependency set at that point.
+  standin::Capture* capture = nullptr;
+  std::vector<CUgraphNode_st*> capture_deps;
+};
+
+namespace standin {
+
+CUstream_st* legacyStream();
+// Resolves a handle (0, cudaStreamLegacy, cudaStreamPerThread or a created stream); nullptr
+// for a destroyed or unknown one.
+CUstream_st* resolveStream(cudaStream_t s);
+// Adds `op` to the stream's queue with the stream's implicit dependencies (the legacy stream's
+// synchronisation with blocking streams); in eager mode it runs at once. Returns its seq.
+uint64_t enqueue(CUstream_st* s, const char* what, std::function<void()> run,
+                 std::vector<std::pair<CUstream_st*, uint64_t>> waits = {});
+// Runs the stream's queue up to and including `seq` (everything it depends on first).
+void runUpTo(CUstream_st* s, uint64_t seq);
+void runStream(CUstream_st* s);  // its whole queue
+void runAll();                   // every stream: the device is idle afterwards
+double nowMs();
+
+// ---- captures --------------------------------------------------------------------------------
+struct Capture {
+  uint64_t id = 0;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  CUstream_st* origin = nullptr;
+  std::thread::id thread;
+  CUgraph_st* graph = nullptr;
+  bool owns_graph = true;  // false: cudaStreamBeginCaptureToGraph
+  bool active = true;      // false once EndCapture ended it (the object stays: events name it)
+  bool invalidated = false;
+  std::string why;  // the first call that invalidated it
+  std::vector<CUstream_st*> streams;
+};
+// Invalidates the capture (the first reason is kept; it is reported at EndCapture).
+void invalidate(Capture* c, const std::string& why);
+// A call the capture rules call "potentially unsafe" (Note [Stand-in captures]): returns
+// cudaErrorStreamCaptureUnsupported and invalidates the capture that forbids it, or cudaSuccess.
+cudaError_t checkUnsafe(const char* call);
+// Whether any capture is under way on the device, from any thread.
+bool anyCapture();
+void invalidateAll(const std::string& why);
+// For work submitted to `s`: cudaSuccess, or the error a capture state makes it fail with.
+// `*captured` is set when the work must become a node of s's capture instead of running.
+cudaError_t captureCheck(CUstream_st* s, const char* call, bool* captured);
+enum class NodeKind { kKernel, kMemcpy, kMemset, kHost, kEventRecord, kEmpty };
+struct NodeData {
+  NodeKind kind = NodeKind::kEmpty;
+  std::string name;  // kernel name, or what made the node
+  dim3 grid{1, 1, 1}, block{1, 1, 1};
+  size_t shmem = 0;
+  // memcpy (2D: rows of `width` bytes with pitches) / memset (rows of width elements)
+  void* dst = nullptr;
+  const void* src = nullptr;
+  // Which sides were device or pinned memory when the work was submitted: they must still be
+  // allocated when it runs (a replay long after the capture, or a queued copy).
+  bool dst_known = false, src_known = false;
+  size_t width = 0, height = 1, dpitch = 0, spitch = 0;
+  unsigned value = 0;
+  unsigned elem = 1;  // memset element size: 1, 2 or 4 bytes
+  cudaHostFn_t fn = nullptr;
+  void* user_data = nullptr;
+  CUevent_st* event = nullptr;
+};
+// Adds a node to s's capture after its current dependencies; they become {node}.
+CUgraphNode_st* addCaptureNode(CUstream_st* s, NodeData data);
+// Runs one node's work now (a replay, or a queued op); reports faults as device faults.
+void executeNode(const NodeData& n, const char* where);
+
+// ---- kernels ---------------------------------------------------------------------------------
+// Validates a launch and submits it to `stream` (a capture node or a queued no-op).
+cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
+                   const void* func_key);
+const char* kernelName(const void* host_fun);
+void resetLaunchCounts();
+
+// ---- helpers ---------------------------------------------------------------------------------
+std::string hex(const void* p);
+
+}  // namespace standin
+
+// Opaque handles the headers only declare.
+struct CUgraphNode_st {
+  standin::NodeData data;
+  std::vector<CUgraphNode_st*> deps;
+  CUgraph_st* graph = nullptr;
+  size_t index = 0;
+};
+struct CUgraph_st {
+  std::vector<std::unique_ptr<CUgraphNode_st>> nodes;
+  std::vector<std::pair<CUuserObject_st*, unsigned>> user_objects;
+  bool capturing = false;
+};
+struct CUgraphExec_st {
+  // In creation order, a topological order; shared with the launches still queued.
+  std::shared_ptr<const std::vector<standin::NodeData>> nodes;
+  std::vector<std::pair<CUuserObject_st*, unsigned>> user_objects;
+  uint64_t launches = 0;
+};
+struct CUuserObject_st {
+  void* ptr = nullptr;
+  cudaHostFn_t destroy = nullptr;
+  long refs = 0;
+};

@@ -1,0 +1,337 @@
+"""The CUDA stand-in itself (tests/cuda_standin): what it models, checked through real torch.
+
+These run only on the stand-in; graphtrees' own CUDA tests run on it through the suite's cuda
+parametrisations (`-m needs_cuda` with GRAPHTREES_CUDA=1, see scripts/run_tests.sh)."""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import ROOT, STANDIN
+
+pytestmark = [
+    pytest.mark.needs_cuda,
+    pytest.mark.skipif(STANDIN is None, reason="checks the CUDA stand-in, which is not loaded"),
+]
+
+
+def cudart():
+    return ctypes.CDLL("libcudart.so.13", mode=os.RTLD_NOLOAD)
+
+
+def run_on_standin(code, **env):
+    """Runs `code` in a fresh interpreter on the stand-in (this process's environment)."""
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def test_it_is_one_device_whose_memory_is_the_hosts():
+    assert torch.cuda.device_count() == 1
+    assert "stand-in" in torch.cuda.get_device_name(0)
+    assert torch.cuda.get_device_capability(0) == (9, 0)
+    stats = STANDIN.stats()
+    assert torch.cuda.get_device_properties(0).total_memory == stats["capacity"]
+    before = STANDIN.stats()["bytes_in_use"]
+    x = torch.empty(3 << 20, device="cuda", dtype=torch.uint8)
+    assert STANDIN.stats()["bytes_in_use"] >= before  # c10 caches: at most one new segment
+    assert STANDIN.is_device_memory(x.data_ptr(), x.numel())
+
+
+def test_copies_move_bytes_and_kernels_do_not_run():
+    host = torch.arange(12, dtype=torch.float32)
+    a = host.cuda()  # a host-to-device copy: real bytes
+    assert torch.equal(a.clone().cpu(), host)  # a device-to-device copy, then back
+    b = a + 1  # a kernel: launched, never run
+    assert STANDIN.kernel_count("") > 0
+    fresh = torch.empty(1 << 18, device="cuda")  # new memory is poisoned (0xFF: NaN)
+    assert torch.isnan(fresh.cpu()).any() or torch.isnan(b.cpu()).any()
+
+
+def test_device_memory_ends_at_the_capacity():
+    torch.cuda.empty_cache()
+    cap = STANDIN.stats()["capacity"]
+    try:
+        STANDIN.set_capacity(STANDIN.stats()["bytes_in_use"] + (64 << 20))
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        torch.empty(16 << 20, dtype=torch.uint8, device="cuda")  # within it: fine
+    finally:
+        STANDIN.set_capacity(cap)
+
+
+def test_an_allocation_can_be_made_to_fail():
+    torch.cuda.empty_cache()
+    STANDIN.fail_allocation(1)
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # a new segment: cudaMalloc
+    torch.empty(64 << 20, dtype=torch.uint8, device="cuda")  # the next one succeeds
+    assert STANDIN.stats()["oom"] >= 1
+
+
+def test_a_graph_replays_its_copies():
+    src = torch.zeros(16, device="cuda")
+    src.copy_(torch.arange(16.0))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = src.clone()
+    for k in range(3):
+        src.copy_(torch.full((16,), float(k)))
+        g.replay()
+        assert torch.equal(out.cpu(), torch.full((16,), float(k)))
+    assert STANDIN.stats()["graph_launches"] >= 3
+
+
+# A capture that fails leaves torch 2.11's allocator routed into the graph's pool (its
+# capture_end() throws before it ends the routing, so every later emptyCache() asserts): the
+# checks that make torch's own captures fail run in a process of their own.
+FORBIDDEN = (
+    "import torch, sys\n"
+    "sys.path.insert(0, 'tests')\n"
+    "from cuda_standin.standin import current\n"
+    "s = current()\n"
+    "x = torch.ones(8, device='cuda')\n"
+    "event = torch.cuda.Event()\n"
+    "def attempt(name, body, mode='global'):\n"
+    "    before = s.stats()['captures_invalidated']\n"
+    "    g = torch.cuda.CUDAGraph()\n"
+    "    try:\n"
+    "        with torch.cuda.graph(g, capture_error_mode=mode):\n"
+    "            body()\n"
+    "        outcome = 'captured'\n"
+    "    except RuntimeError as e:\n"
+    "        outcome = 'failed'\n"
+    "    invalidated = s.stats()['captures_invalidated'] - before\n"
+    "    print(name, outcome, invalidated, torch.cuda.is_current_stream_capturing(),\n"
+    "          s.last_message().replace(' ', '_')[:200])\n"
+)
+
+
+def _forbidden(body_lines):
+    out = run_on_standin(FORBIDDEN + body_lines, CUDA_STANDIN_QUIET="1")
+    return {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+
+
+def test_calls_a_capture_forbids_invalidate_it():
+    results = _forbidden(
+        "attempt('device_sync', lambda: torch.cuda.synchronize())\n"
+        "attempt('stream_sync', lambda: torch.cuda.current_stream().synchronize())\n"
+        "attempt('stream_query', lambda: torch.cuda.current_stream().query())\n"
+        "attempt('item', lambda: (x * 2).sum().item())\n"
+        "def event_sync():\n"
+        "    event.record(); event.synchronize()\n"
+        "attempt('event_sync', event_sync)\n"
+        "torch.cuda.synchronize()  # the device is usable afterwards\n"
+    )
+    for call in ("device_sync", "stream_sync", "stream_query", "item", "event_sync"):
+        outcome, invalidated, capturing, _message = results[call]
+        assert (outcome, invalidated, capturing) == ("failed", "1", "False"), (call, results[call])
+
+
+def test_a_side_stream_left_unjoined_fails_the_capture():
+    results = _forbidden(
+        "side = torch.cuda.Stream()\n"
+        "def fork():\n"
+        "    side.wait_stream(torch.cuda.current_stream())\n"
+        "    with torch.cuda.stream(side):\n"
+        "        x.clone()  # forked onto `side`, never joined back\n"
+        "attempt('unjoined', fork)\n"
+    )
+    outcome, _invalidated, capturing, message = results["unjoined"]
+    assert outcome == "failed" and capturing == "False" and "unjoined" in message
+
+
+def test_the_modes_decide_what_another_thread_may_do():
+    # A global capture forbids another thread's event queries (what c10's allocator does on its
+    # way); a thread-local one does not.
+    results = _forbidden(
+        "import threading\n"
+        "seen = {}\n"
+        "def query_from_another_thread(key):\n"
+        "    def run():\n"
+        "        try:\n"
+        "            event.query(); seen[key] = 'allowed'\n"
+        "        except RuntimeError:\n"
+        "            seen[key] = 'forbidden'\n"
+        "    def body():\n"
+        "        x.clone()\n"
+        "        t = threading.Thread(target=run); t.start(); t.join()\n"
+        "    return body\n"
+        "event.record(); torch.cuda.synchronize()\n"
+        "attempt('thread_local', query_from_another_thread('thread_local'), 'thread_local')\n"
+        "attempt('global', query_from_another_thread('global'), 'global')\n"
+        "print('query', seen['thread_local'], seen['global'])\n"
+    )
+    assert results["query"] == ["allowed", "forbidden"]
+    assert results["thread_local"][0] == "captured" and results["global"][0] == "failed"
+
+
+def test_a_failure_can_be_injected_into_instantiation():
+    results = _forbidden(
+        "s.fail_next('cudaGraphInstantiateWithFlags', 2)  # cudaErrorMemoryAllocation\n"
+        "attempt('instantiate', lambda: x.clone())\n"
+    )
+    outcome, _invalidated, _capturing, message = results["instantiate"]
+    assert outcome == "failed" and "injected" in message
+
+
+def test_a_joined_side_stream_is_captured():
+    x = torch.ones(8, device="cuda")
+    side = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x.clone()
+        torch.cuda.current_stream().wait_stream(side)
+    x.copy_(torch.full((8,), 3.0))
+    g.replay()
+    assert torch.equal(y.cpu(), torch.full((8,), 3.0))
+
+
+def test_a_graph_node_whose_memory_was_freed_is_a_device_fault():
+    code = (
+        "import torch, ctypes, os\n"
+        "lib = ctypes.CDLL('libcudart.so.13', mode=os.RTLD_NOLOAD)\n"
+        "src = torch.zeros(1 << 20, device='cuda')\n"
+        "g = torch.cuda.CUDAGraph()\n"
+        "with torch.cuda.graph(g):\n"
+        "    out = src.clone()\n"
+        "del src\n"
+        "torch.cuda.synchronize(); torch.cuda.empty_cache()  # its segment is cudaFree'd\n"
+        "g.replay()\n"
+        "try:\n"
+        "    torch.cuda.synchronize()\n"
+        "    print('no fault')\n"
+        "except RuntimeError as e:\n"
+        "    print('fault:', 'illegal memory access' in str(e))\n"
+    )
+    out = run_on_standin(code, CUDA_STANDIN_QUIET="1")
+    assert "fault: True" in out, out
+
+
+def test_deferred_mode_turns_a_missing_stream_dependency_into_a_wrong_value():
+    code = (
+        "import torch\n"
+        "a = torch.zeros(1 << 16, device='cuda')\n"
+        "torch.cuda.synchronize()\n"
+        "a.copy_(torch.ones(1 << 16).pin_memory(), non_blocking=True)  # queued on the stream\n"
+        "side = torch.cuda.Stream()\n"
+        "{wait}"
+        "with torch.cuda.stream(side):\n"
+        "    b = a.clone()  # side runs when it is waited for; the copy above may not have\n"
+        "side.synchronize()\n"
+        "print('right' if bool((b.cpu() == 1).all()) else 'wrong')\n"
+    )
+    missing = run_on_standin(code.format(wait=""), CUDA_STANDIN_DEFERRED="1")
+    joined = run_on_standin(
+        code.format(wait="side.wait_stream(torch.cuda.current_stream())\n"),
+        CUDA_STANDIN_DEFERRED="1",
+    )
+    eager = run_on_standin(code.format(wait=""))
+    assert missing.strip().endswith("wrong") and joined.strip().endswith("right")
+    assert eager.strip().endswith("right")  # eager mode runs everything at once
+
+
+def test_expandable_segments_map_virtual_memory():
+    code = (
+        "import torch, sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from cuda_standin.standin import current\n"
+        "s = current()\n"
+        "x = torch.arange(1 << 20, dtype=torch.float32).cuda()\n"
+        "y = x.clone()\n"
+        "assert torch.equal(y.cpu(), torch.arange(1 << 20, dtype=torch.float32))\n"
+        "assert s.stats()['vmm_mapped_bytes'] > 0\n"
+        "del x, y; torch.cuda.empty_cache()\n"
+        "print('mapped after', s.stats()['vmm_mapped_bytes'])\n"
+    )
+    out = run_on_standin(code, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    assert "mapped after 0" in out, out
+
+
+def test_cublas_gemms_are_kernels_on_the_handles_stream():
+    before = STANDIN.kernel_count("cublas")
+    lin = torch.nn.Linear(64, 64).cuda()
+    g = torch.cuda.CUDAGraph()
+    x = torch.ones(8, 64, device="cuda")
+    with torch.no_grad():
+        lin(x)  # the handle and its workspace are made outside the capture
+        with torch.cuda.graph(g):
+            lin(x)
+    assert STANDIN.kernel_count("cublas") > before
+    assert STANDIN.stats()["kernel_nodes"] > 0
+    # The capture's stream got a cuBLAS workspace of its own, in the graph's pool.
+    del g
+    torch._C._cuda_clearCublasWorkspaces()
+
+
+def test_unmodelled_calls_fail_naming_themselves():
+    lib = cudart()
+    handle = ctypes.c_uint64()
+    err = lib.cudaGraphConditionalHandleCreate(ctypes.byref(handle), None, 0, 0)
+    assert err == 801  # cudaErrorNotSupported
+    assert "conditional nodes are not modelled" in STANDIN.last_message()
+    fn = ctypes.c_void_p()
+    status = ctypes.c_int(-1)
+    assert (
+        lib.cudaGetDriverEntryPointByVersion(
+            b"cuNotAFunction", ctypes.byref(fn), 13000, 0, ctypes.byref(status)
+        )
+        == 0
+    )
+    assert fn.value is None and status.value == 1  # cudaDriverEntryPointSymbolNotFound
+    assert lib.cudaGetLastError() == 801  # as the runtime does; and it is cleared now
+
+
+def test_pytorchs_own_reduce_overhead_runs_on_it():
+    # Triton compiles real kernels, the stand-in loads and "launches" them: PyTorch's trees
+    # record and replay (values need a GPU).
+    import torch._inductor.cudagraph_trees as trees
+
+    f = torch.compile(lambda x: (x * 2 + 1).relu(), mode="reduce-overhead")
+    x = torch.ones(64, device="cuda")
+    for _ in range(4):
+        f(x)
+    mgr = trees.get_container(0).tree_manager
+    assert mgr is not None and len(list(mgr.get_roots())) >= 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mode", ["eager", "deferred"])
+def test_the_seed_story_gives_every_cudamalloc_back(mode):
+    # The copy-only seed story (real values), in a process of its own: in deferred mode the
+    # tree's stream, the caller's and the replays' run only where something waits for them, so
+    # a synchronisation graphtrees forgot would show as a wrong value. After reset() and
+    # empty_cache() every cudaMalloc was given back.
+    code = (
+        "import gc, sys, torch, graphtrees\n"
+        "sys.path.insert(0, 'tests')\n"
+        "graphtrees._ext.get_ext()._set_debug_checks(True)\n"
+        "from cuda_standin.standin import current\n"
+        "from test_seed_story import test_seed_story_with_copies_moves_real_values as story\n"
+        "story('cuda')\n"
+        "graphtrees.reset(); gc.collect(); torch.cuda.empty_cache()\n"
+        "s = current().stats()\n"
+        "print('mallocs', s['mallocs'], 'frees', s['frees'], 'in use', s['bytes_in_use'])\n"
+        "print('deferred', s['deferred'], 'graph launches', s['graph_launches'])\n"
+    )
+    env = {"GRAPHTREES_CUDA": "1"}
+    if mode == "deferred":
+        env["CUDA_STANDIN_DEFERRED"] = "1"
+    out = run_on_standin(code, **env)
+    mallocs = int(out.split("mallocs ")[1].split()[0])
+    frees = int(out.split("frees ")[1].split()[0])
+    assert mallocs > 0 and mallocs == frees and "in use 0" in out, out
+    assert f"deferred {int(mode == 'deferred')}" in out
