@@ -194,8 +194,9 @@ class Backend {
   virtual int64_t releaseFreeSegments(const std::vector<const Checkpoint*>& keep) = 0;
   // Whether releaseFreeSegments() can return anything while the pool lives. c10 returns a private
   // pool's segments only once nothing holds the pool (Note [Memory budget on CUDA] in
-  // CudaBackend.cpp): there, evicting recordings makes room inside the pool but gives nothing
-  // back to the device, so the tree evicts one recording per out-of-memory error.
+  // CudaBackend.cpp): there, evicting recordings cannot make room, so under a budget the tree
+  // evicts nothing and the function runs eagerly until the budget changes (Note [Out of memory]
+  // in TreeManager.h).
   virtual bool returnsSegments() const = 0;
   // Gives memory the device's allocator caches outside the pool back to the device (c10's
   // emptyCache() of the default pool), after an out-of-memory error and with no routing active.

@@ -38,6 +38,15 @@ std::vector<std::string> compiledBackends() {
 #endif
 }
 
+bool callerIsCapturing(c10::Device device) {
+#ifdef GRAPHTREES_WITH_CUDA
+  return device.is_cuda() && cudaCurrentStreamIsCapturing(device);
+#else
+  (void)device;
+  return false;
+#endif
+}
+
 void noteUndispatchedHostRead(const char* what) {
   noteHostSync(what);
 }

@@ -22,6 +22,10 @@ std::vector<std::string> compiledBackends();
 // Why CUDA tensors would run eagerly (not compiled in, not enabled, another allocator), or "".
 std::string cudaBackendDisabledReason();
 
+// Whether the caller is capturing a graph of its own on `device` (torch.cuda.graph around a
+// graphed call): the call is then part of that capture and runs eagerly (review 4, #13).
+bool callerIsCapturing(c10::Device device);
+
 // A host read that ATen does not dispatch (Tensor.tolist()), reported by the Python layer: the CPU
 // backend rejects a capture that makes one (Note [Rejected captures] in cpu/HostSyncWatch.cpp).
 void noteUndispatchedHostRead(const char* what);

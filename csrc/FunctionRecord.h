@@ -30,6 +30,9 @@ struct FunctionState {
   // Note [Out of memory]: num_evictions of the tree when a warmup or recording of this function
   // ran out of memory (-1: it did not); it tries again once an eviction happened since.
   int64_t oom_at_evictions = -1;
+  // Or, under a memory budget on a backend whose pool gives nothing back (CUDA): the tree's
+  // budget epoch then; it tries again once the budget changed (or after reset()).
+  int64_t oom_at_budget = -1;
   std::string oom_reason;
 };
 

@@ -1,6 +1,7 @@
 #include "GraphedCallable.h"
 
 #include "AutocastState.h"
+#include "BackendFactory.h"
 #include "Logging.h"
 #include "ThreadState.h"
 #include "TreeRegistry.h"
@@ -261,6 +262,8 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
                     "its tensors are on the " + device.str() +
                         " device; graphtrees records functions on CPU and CUDA tensors");
   }
+  // Inside the caller's own capture (torch.cuda.graph): part of it, like a nested call.
+  if (callerIsCapturing(device)) return fn_(*args, **kwargs);
   // Autocast changes what the function computes: a recording made under it is another function
   // (Note [Autocast and recordings] in AutocastState.h).
   if (at::autocast::is_autocast_enabled(device.type())) {
@@ -310,8 +313,9 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
       out = fn_(*rebuilt.first, **rebuilt.second);
     } catch (py::error_already_set& e) {
       // A backend may handle this error (a rejected capture): free the pool tensors that the
-      // failed run's frames hold before it does anything else.
-      clearTracebackFrames(e);
+      // failed run's frames hold before it does anything else -- unless a device capture is
+      // still under way (Note [Freeing during a capture] in ThreadState.h).
+      if (!deviceCaptureUnderway()) clearTracebackFrames(e);
       // Out of memory comes back as the C++ error it started as, which the tree handles (Note
       // [Out of memory] in TreeManager.h).
       if (e.matches(outOfMemoryErrorType())) {
@@ -398,6 +402,10 @@ py::list GraphedCallable::signatures() const {
     d["warmups"] = state ? state->warmups : 0;
     d["rerecords"] = state ? state->rerecords : 0;
     d["eager_reason"] = r.eager_reason.empty() ? py::object(py::none()) : py::str(r.eager_reason);
+    // Why its last warmup or recording ran out of memory (Note [Out of memory]), or None.
+    d["out_of_memory"] = state == nullptr || state->oom_reason.empty()
+                             ? py::object(py::none())
+                             : py::object(py::str(state->oom_reason));
     out.append(d);
   });
   return out;

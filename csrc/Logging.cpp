@@ -1,5 +1,6 @@
 #include "Logging.h"
 
+#include <atomic>
 #include <mutex>
 
 namespace graphtrees {
@@ -13,7 +14,16 @@ LogSink& sink() {
   static auto* s = new LogSink();  // never destroyed: logging may happen at shutdown
   return *s;
 }
+std::atomic<int> g_threshold{0};
 }  // namespace
+
+void setLogThreshold(int level) {
+  g_threshold.store(level, std::memory_order_relaxed);
+}
+
+bool logEnabled(LogLevel level) {
+  return static_cast<int>(level) >= g_threshold.load(std::memory_order_relaxed);
+}
 
 void setLogSink(LogSink s) {
   std::lock_guard<std::mutex> lock(sinkMutex());
@@ -21,6 +31,7 @@ void setLogSink(LogSink s) {
 }
 
 void logMessage(LogLevel level, const std::string& message) {
+  if (!logEnabled(level)) return;
   LogSink s;
   {
     std::lock_guard<std::mutex> lock(sinkMutex());

@@ -3,7 +3,12 @@
 #include "Logging.h"
 #include "PythonHooks.h"
 
+#include <ATen/ThreadLocalPythonObjects.h>
+#include <torch/csrc/PyInterpreter.h>
+#include <torch/csrc/utils/pybind.h>
+
 #include <mutex>
+#include <unordered_map>
 
 namespace graphtrees {
 
@@ -12,6 +17,7 @@ namespace {
 std::atomic<int64_t> g_next_thread_id{1};
 thread_local int tls_call_depth = 0;
 thread_local int tls_recording_depth = 0;
+thread_local int tls_device_capture_depth = 0;
 
 std::mutex& exitHookMutex() {
   static auto* m = new std::mutex();  // never destroyed: used by exiting threads
@@ -22,11 +28,29 @@ std::function<void(int64_t)>& threadExitHook() {
   return *hook;                                            // during static destruction
 }
 
+// The step counters of the threads alive, by id (callerThread()).
+std::mutex& countersMutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::unordered_map<int64_t, StepCounter>& countersById() {
+  static auto* m = new std::unordered_map<int64_t, StepCounter>();
+  return *m;
+}
+
 // What a thread is to graphtrees; created when the thread first asks.
 struct ThreadIdentity {
   int64_t id = g_next_thread_id++;
   StepCounter steps = std::make_shared<std::atomic<int64_t>>(0);
+  ThreadIdentity() {
+    std::lock_guard<std::mutex> lock(countersMutex());
+    countersById()[id] = steps;
+  }
   ~ThreadIdentity() {
+    {
+      std::lock_guard<std::mutex> lock(countersMutex());
+      countersById().erase(id);
+    }
     std::function<void(int64_t)> hook;
     {
       std::lock_guard<std::mutex> lock(exitHookMutex());
@@ -52,6 +76,29 @@ void markStepBegin() {
 int64_t threadId() {
   return thisThread().id;
 }
+
+CallerThread callerThread() {
+  static const std::string kKey = "graphtrees.thread";
+  ThreadIdentity& me = thisThread();
+  if (at::impl::ThreadLocalPythonObjects::contains(kKey)) {
+    const auto& stash = at::impl::ThreadLocalPythonObjects::get(kKey);
+    const int64_t owner = PyLong_AsLongLong(stash->ptr(::getPyInterpreter()));
+    if (owner == me.id) return {me.id, me.steps};
+    if (owner > 0) {
+      std::lock_guard<std::mutex> lock(countersMutex());
+      auto it = countersById().find(owner);
+      if (it != countersById().end()) return {owner, it->second};
+    }
+    PyErr_Clear();
+  }
+  // This thread's own: stashed, so that the threads that work for it count as it.
+  PyObject* id = PyLong_FromLongLong(me.id);
+  if (id != nullptr) {
+    at::impl::ThreadLocalPythonObjects::set(
+        kKey, std::make_shared<c10::SafePyObject>(id, ::getPyInterpreter()));
+  }
+  return {me.id, me.steps};
+}
 void setThreadExitHook(std::function<void(int64_t)> hook) {
   std::lock_guard<std::mutex> lock(exitHookMutex());
   threadExitHook() = std::move(hook);
@@ -65,6 +112,31 @@ CallDepthGuard::CallDepthGuard() {
 }
 CallDepthGuard::~CallDepthGuard() {
   --tls_call_depth;
+}
+
+namespace {
+thread_local std::vector<const void*> tls_spared;
+}  // namespace
+
+SparedInputsScope::SparedInputsScope(std::vector<const void*> storages)
+    : previous_size_(tls_spared.size()) {
+  tls_spared.insert(tls_spared.end(), storages.begin(), storages.end());
+}
+SparedInputsScope::~SparedInputsScope() {
+  tls_spared.resize(previous_size_);
+}
+const std::vector<const void*>& sparedInputs() {
+  return tls_spared;
+}
+
+bool deviceCaptureUnderway() {
+  return tls_device_capture_depth > 0;
+}
+DeviceCaptureScope::DeviceCaptureScope() {
+  tls_device_capture_depth++;
+}
+DeviceCaptureScope::~DeviceCaptureScope() {
+  tls_device_capture_depth--;
 }
 
 bool recordingGraph() {

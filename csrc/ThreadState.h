@@ -15,11 +15,19 @@
 // Each thread has its own tree per device (TreeRegistry), with its own pool and its own steps, so
 // a call on one thread never ends another thread's step or overwrites its outputs. A backward
 // that autograd runs on a thread of its own runs in the tree whose outputs it reads: its forward's.
+// And a call on a thread that works for another -- autograd runs CUDA backwards on a device thread
+// of its own, which carries the calling thread's thread-local state -- counts as that thread's
+// (callerThread()): its tree, its steps, as on CPU, where autograd runs on the calling thread.
+// Without it, the backward of a forward that ran eagerly (nothing of the tree to read) would get
+// a tree and a pool of its own on the device thread, whose steps never begin (found on the CUDA
+// stand-in). The calling thread's identity travels in torch's thread-local Python objects, which
+// autograd (and at::launch) hand to the threads that run work for it, as PyTorch's trees do.
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace graphtrees {
 
@@ -29,6 +37,13 @@ const StepCounter& threadStepCounter();
 void markStepBegin();
 // A small number naming the calling thread: 1 for the first thread that asks, and so on.
 int64_t threadId();
+// The thread a graphed call counts as (see above): the calling thread, or the thread whose work
+// it runs. Needs the GIL.
+struct CallerThread {
+  int64_t id;
+  StepCounter steps;
+};
+CallerThread callerThread();
 // Called with the threadId() of a thread that exits (if it ever asked for one). Runs on that
 // thread, after its Python state is gone: it must not touch Python.
 void setThreadExitHook(std::function<void(int64_t)> hook);
@@ -55,6 +70,45 @@ class RecordingGraphScope {
   RecordingGraphScope(const RecordingGraphScope&) = delete;
   RecordingGraphScope& operator=(const RecordingGraphScope&) = delete;
 };
+
+// Note [Freeing during a capture]
+// Between capture_begin() and the end of a device capture, c10's allocator refuses to see a
+// capture it cannot use: once a forbidden call (a host sync, gloo's stream synchronisation) has
+// invalidated the capture, the next block freed or allocated on that stream fails c10's
+// "Invalid stream capture status" assert -- and a free runs in a tensor's destructor, where the
+// exception ends the process. So while a backend runs the function inside a device capture,
+// graphtrees frees none of the function's tensors: the frames of the traceback a failed run left
+// are not cleared then (GraphedCallable); they are freed with the error, after the backend has
+// ended the capture. Found on the CUDA stand-in (tests/cuda_standin).
+bool deviceCaptureUnderway();
+class DeviceCaptureScope {
+ public:
+  DeviceCaptureScope();
+  ~DeviceCaptureScope();
+  DeviceCaptureScope(const DeviceCaptureScope&) = delete;
+  DeviceCaptureScope& operator=(const DeviceCaptureScope&) = delete;
+};
+
+// Note [Inputs of a split graph]
+// A whole compiled graph's inputs are the inputs of its call, which a new step never invalidates
+// (Note [Ending a path]). A split graph is several calls, one per recorded piece, so a step that
+// begins at its first piece would invalidate what only a later piece reads: state that an earlier
+// graph returned and dynamo stored on a module (transformers' StaticCache makes its later layers'
+// tensors inside the first forward), still an output in the pool. While a split graph runs, the
+// storages of the whole graph's inputs are spared like a call's own inputs, as they are for the
+// graph run whole.
+class SparedInputsScope {
+ public:
+  explicit SparedInputsScope(std::vector<const void*> storages);
+  ~SparedInputsScope();
+  SparedInputsScope(const SparedInputsScope&) = delete;
+  SparedInputsScope& operator=(const SparedInputsScope&) = delete;
+
+ private:
+  size_t previous_size_;
+};
+// The storages (StorageImpl*) every open SparedInputsScope of this thread spares.
+const std::vector<const void*>& sparedInputs();
 
 // RAII around every capture: a RecordingGraphScope, and the Python layer's capture scope
 // (captureScopeHook() in PythonHooks.h: the GC paused, host reads watched), left on destruction.

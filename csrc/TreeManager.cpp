@@ -29,10 +29,6 @@ bool copyOnOverwrite(const FunctionRecord& fn) {
   return fn.options->on_overwrite == OnOverwrite::kCopy || fn.mode == FunctionMode::kBackward;
 }
 
-std::string firstLine(const std::string& s) {
-  return s.substr(0, s.find('\n'));
-}
-
 std::string whereOf(const TreeNode* node) {
   return node ? "node " + std::to_string(node->id()) : "the root";
 }
@@ -88,6 +84,9 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
   pinned_by_warmup_function_.clear();
   std::unordered_set<const c10::StorageImpl*> spared;
   for (const auto& t : spare) spared.insert(t.storage().unsafeGetStorageImpl());
+  for (const void* s : sparedInputs()) {  // Note [Inputs of a split graph] in ThreadState.h
+    spared.insert(static_cast<const c10::StorageImpl*>(s));
+  }
   live_.invalidateIf(
       [&](int64_t, const LiveOutput&, const c10::StorageImpl& storage) {
         return live_.ownsPoolBlock(storage) && !spared.count(&storage);
@@ -171,7 +170,8 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
   }
   // A function that ran out of memory tries again once an eviction may have made room.
   const bool out_of_memory =
-      st.oom_at_evictions >= 0 && st.oom_at_evictions == counters_.num_evictions;
+      (st.oom_at_evictions >= 0 && st.oom_at_evictions == counters_.num_evictions) ||
+      (st.oom_at_budget >= 0 && st.oom_at_budget == budget_epoch_);
   if (state_ == PathState::kWarmup || st.warmups < fn.options->warmup_iters) {
     if (out_of_memory) return runEager(fn, inputs, run, st.oom_reason);
     return warmup(fn, allocationInputs(fn, inputs), run);
@@ -248,23 +248,26 @@ CallResult TreeManager::outOfMemory(FunctionRecord& fn, const std::vector<at::Te
   st.oom_at_evictions = counters_.num_evictions;  // an eviction from here on makes room for a retry
   int64_t freed = bookkeeping_.releaseUnneededSegments(root_);  // what the failed run added
   st.oom_reason = std::string("it ran out of memory while ") + during + " (" + what + ")";
-  if (budget_ >= 0) {
+  if (budget_ >= 0 && !backend_->returnsSegments()) {
+    st.oom_at_evictions = -1;  // Note [Out of memory]: no eviction can make room here
+    st.oom_at_budget = budget_epoch_;
+    st.oom_reason += "; the pool is at its memory budget of " + bytesString(budget_) +
+                     ", and on this device evicting recordings gives no memory back while the "
+                     "tree lives, so nothing was evicted: it runs eagerly until "
+                     "graphtrees.set_memory_budget() changes the budget or graphtrees.reset()";
+  } else if (budget_ >= 0) {
     std::string evicted;
     freed += evictForMemory(inputs, &evicted);
-    st.oom_reason +=
-        evicted.empty()
-            ? "; no recording off the current path (nor one whose outputs "
-              "this call reads) was left to evict"
-            : "; evicted " + evicted + " (" + bytesString(freed) + " returned to the device" +
-                  (backend_->returnsSegments() ? ""
-                                               : ": on this device the budget caps the pool's "
-                                                 "growth, and an eviction makes room inside it") +
-                  "), so a later call tries again";
+    st.oom_reason += evicted.empty() ? "; no recording off the current path (nor one whose outputs "
+                                       "this call reads) was left to evict"
+                                     : "; evicted " + evicted + " (" + bytesString(freed) +
+                                           " returned to the device), so a later call tries again";
   }
   return runEager(fn, inputs, run, st.oom_reason);
 }
 
 int64_t TreeManager::evictForMemory(const std::vector<at::Tensor>& inputs, std::string* evicted) {
+  TORCH_INTERNAL_ASSERT(backend_->returnsSegments(), "evicting for memory frees nothing here");
   // The bytes the pool lacked, when the backend can tell; otherwise any bytes freed will do.
   const int64_t refused = backend_->refusedBytes();
   const int64_t need =
@@ -288,9 +291,6 @@ int64_t TreeManager::evictForMemory(const std::vector<at::Tensor>& inputs, std::
                                     backend_->device().str() + " (" + bytesString(budget_) + "); " +
                                     bytesString(released) + " returned to the device");
     *evicted += (evicted->empty() ? "" : ", ") + what;
-    // A backend that returns no segment while the pool lives (CUDA) gains room inside the pool
-    // only: one victim per out-of-memory error, the next call tries again.
-    if (!backend_->returnsSegments()) break;
     if (need > 0 ? freed >= need : freed > 0) break;
   }
   return freed;
@@ -359,7 +359,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   } catch (const c10::OutOfMemoryError& e) {
     outs.clear();
     // Memory the device's allocator caches outside the pool may be enough: one more try.
-    if (!retried && backend_->freeCachedMemory()) return warmup(fn, ins, run, /*retried=*/true);
+    if (retryAfterFreeingCache(retried)) return warmup(fn, ins, run, /*retried=*/true);
     return outOfMemory(fn, ins, run, "warming it up", e.what_without_backtrace());
   }
   if (mutated >= 0) {
@@ -419,7 +419,7 @@ bool TreeManager::copyIntoPlaceholders(FunctionRecord& fn, const std::vector<at:
     return true;
   } catch (const c10::OutOfMemoryError& e) {
     *rec = Recording();
-    *fallback = !retried && backend_->freeCachedMemory()
+    *fallback = retryAfterFreeingCache(retried)
                     ? record(fn, ins, run, key, /*retried=*/true)
                     : outOfMemory(fn, ins, run, "copying its inputs for a recording",
                                   e.what_without_backtrace());
@@ -441,7 +441,7 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
   } catch (const c10::OutOfMemoryError& e) {
     *rec = Recording();
     mutations.reset();
-    *fallback = !retried && backend_->freeCachedMemory()
+    *fallback = retryAfterFreeingCache(retried)
                     ? record(fn, ins, run, key, /*retried=*/true)
                     : outOfMemory(fn, ins, run, "recording it", e.what_without_backtrace());
     return false;
@@ -471,7 +471,7 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     fn.eager_reason =
         "it cannot be recorded as a graph: it raised while it was being recorded "
         "(its warmup ran without an error): " +
-        firstLine(why);
+        why.substr(0, why.find('\n'));
     noteFallback(fn, fn.eager_reason);
     return false;
   }

@@ -88,6 +88,7 @@ class TreeManager {
   // Note [Memory budget] in Backend.h; -1: none.
   void setMemoryBudget(int64_t bytes) {
     budget_ = bytes;
+    budget_epoch_++;  // functions that ran out of memory under the old budget try again
     backend_->setReservedLimit(bytes);
   }
 
@@ -199,6 +200,21 @@ class TreeManager {
   // recently used first, until enough segments came free. The function tries again at a later call
   // once an eviction happened (or after reset()); until then it warms up and records nothing and
   // runs eagerly, while its existing recordings still replay.
+  // On a backend whose pool returns nothing to the device while it lives (CUDA: returnsSegments()
+  // is false), eviction cannot make room: every block a recording "owns" is already free to the
+  // allocator (placeholders and replayed outputs own nothing, temporaries are free at the
+  // checkpoint), so an out-of-memory error under a budget means the pool is at its budget, and
+  // evicting would only destroy one useful recording per call (review 4, #4). There the function
+  // runs eagerly, nothing is evicted and nothing retried, until set_memory_budget() changes the
+  // budget or reset() frees the tree.
+  // Whether a run that ran out of memory is tried once more, after the device's cache outside
+  // the pool was given back (Backend::freeCachedMemory()). Not under a budget on a device whose
+  // pool gives nothing back: the budget is what failed, and memory cached outside the pool does
+  // not change the pool's headroom (Note [Out of memory]).
+  bool retryAfterFreeingCache(bool retried) {
+    if (retried || (budget_ >= 0 && !backend_->returnsSegments())) return false;
+    return backend_->freeCachedMemory();
+  }
   CallResult outOfMemory(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                          const RunFn& run, const char* during, const std::string& what);
   // Evicts recordings off the current path that produced none of `inputs`, least recently used
@@ -223,6 +239,7 @@ class TreeManager {
   int64_t next_node_id_ = 0;
   uint64_t use_clock_ = 0;  // ticks at every recording and replay (TreeNode::last_used_)
   int64_t budget_ = -1;
+  int64_t budget_epoch_ = 0;
   std::unordered_set<int64_t> root_functions_;
   std::unordered_set<std::string> logged_;
   // Outputs of backward functions, held until the node (or the function, for a warmup) runs again

@@ -157,17 +157,18 @@ TreeRegistry::Handle::Handle(std::shared_ptr<TreeManager> tree)
 
 std::shared_ptr<TreeManager> TreeRegistry::find(c10::Device device, std::string* why_not,
                                                 const std::vector<at::Tensor>* produced_by) {
-  const int64_t me = threadId();
+  const CallerThread me = callerThread();
   if (produced_by != nullptr) {
-    for (auto& tree : treesOf(device, me)) {
+    for (auto& tree : treesOf(device, me.id)) {
       if (Handle(tree)->producedAny(*produced_by)) return tree;
     }
   }
-  return findOrCreate(me, threadStepCounter(), device, /*create=*/true, why_not);
+  return findOrCreate(me.id, me.steps, device, /*create=*/true, why_not);
 }
 
 TreeRegistry::Handle TreeRegistry::acquire(c10::Device device, bool create, std::string* why_not) {
-  auto tree = findOrCreate(threadId(), threadStepCounter(), device, create, why_not);
+  const CallerThread me = callerThread();
+  auto tree = findOrCreate(me.id, me.steps, device, create, why_not);
   return tree ? Handle(std::move(tree)) : Handle();
 }
 

@@ -1,6 +1,7 @@
 #include "Verifier.h"
 
 #include "Backend.h"
+#include "ThreadState.h"
 
 #include <ATen/Context.h>
 
@@ -25,6 +26,9 @@ py::object ReplayVerifier::check(
   py::object expected;
   std::string baked;
   try {
+    // The eager run is part of this call: graphed functions it calls run eagerly, as they did
+    // while it was recorded, instead of entering the tree (review 4, #6).
+    CallDepthGuard depth;
     baked = graph.explainDifference([&] { expected = eager(copies_); }, inputs_);
   } catch (...) {
     after.restore();

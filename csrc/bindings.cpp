@@ -11,6 +11,7 @@
 #include "TreeRegistry.h"
 
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/headeronly/version.h>
 
@@ -288,7 +289,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #undef GRAPHTREES_COUNTER_DOC
   m.attr("tree_counters") = counters;
   m.def("_set_module_epoch_source", &GraphedCallable::setModuleEpochSource, py::arg("counter"));
+  m.def(
+      "_run_sparing_inputs",
+      [](const py::function& fn, const py::list& args) {
+        // Note [Inputs of a split graph] in ThreadState.h.
+        std::vector<const void*> storages;
+        for (py::handle a : args) {
+          if (THPVariable_Check(a.ptr())) {
+            const at::Tensor& t = THPVariable_Unpack(a.ptr());
+            if (t.defined() && t.has_storage()) {
+              storages.push_back(t.storage().unsafeGetStorageImpl());
+            }
+          }
+        }
+        SparedInputsScope scope(std::move(storages));
+        return fn(args);
+      },
+      "Runs fn(args) (a split graph's top level, boxed) sparing the inputs' storages from the "
+      "invalidation of a step that begins inside it.");
   m.def("_set_log_sink", &setLogSinkFromPython);
+  m.def("_set_log_threshold", &setLogThreshold, py::arg("level"),
+        "The lowest level the graphtrees logger emits (the Python layer keeps it current).");
   m.def("_set_collect_garbage_hook", &setCollectGarbageHookFromPython);
   m.def("_set_capture_scope_hook", &setCaptureScopeHookFromPython);
   m.def("_set_find_storages_hook", &setFindStoragesHookFromPython);

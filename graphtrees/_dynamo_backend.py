@@ -324,7 +324,16 @@ def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, 
     # A split the user asked for (splitting_ops only) is news; one forced by an op is a warning.
     chosen = all(_CHOSEN in r for r in reasons.values())
     _logger.log(logging.INFO if chosen else logging.WARNING, "%s", describe(name, pieces))
-    boxed = _boxed(top.forward)
+    boxed_forward = _boxed(top.forward)
+    run_sparing = get_ext()._run_sparing_inputs
+
+    def run_split(args):
+        # Note [Inputs of a split graph] (csrc/ThreadState.h): the whole graph's inputs are
+        # spared while its pieces run.
+        return run_sparing(boxed_forward, args)
+
+    run_split._boxed_call = True
+    boxed = run_split
     boxed.top = top
     boxed.graphed = graphed
     return boxed

@@ -225,6 +225,15 @@ def is_host_scalar(node: torch.fx.Node) -> bool:
 CHOSEN = "splitting_ops entry"
 
 
+def _copies_to_the_host(n):
+    """A CPU result computed from CUDA inputs (loss.cpu(), a 0-dim .to("cpu"))."""
+    out_cpu = any(t.device.type == "cpu" for t in _tensor_vals(n.meta.get("val")))
+    in_cuda = any(
+        t.device.type == "cuda" for a in n.all_input_nodes for t in _tensor_vals(a.meta.get("val"))
+    )
+    return out_cpu and in_cuda
+
+
 def node_reasons(
     gm: torch.fx.GraphModule, static_idxs: Sequence[int], splitting_ops: Any = None
 ) -> tuple[dict[torch.fx.Node, str], str | None]:
@@ -264,6 +273,9 @@ def node_reasons(
             t.device.type == "cpu" and t.dim() > 0 for t in _tensor_vals(n.meta.get("val"))
         ):
             reasons[n] = f"CPU op {name} inside a CUDA graph{where}"
+        elif cuda and _copies_to_the_host(n):
+            # A 0-dim result too: a capture refuses the copy whatever its rank (review 4, #16).
+            reasons[n] = f"device copy {name} to CPU inside a CUDA graph{where}"
         elif cuda and any(
             t.device.type == "cpu" and t.dim() > 0
             for a in n.all_input_nodes

@@ -35,6 +35,28 @@ def _emit(level: int, message: str) -> None:
         _logger.log(level, message)
 
 
+def _push_log_threshold() -> None:
+    """Tells the C++ core the lowest level the logger emits, so that it builds no message below
+    it. logging calls its manager's _clear_cache() whenever a level changes (setLevel, disable):
+    the threshold is pushed again then."""
+    if _C is None:
+        return
+    disabled = logging.root.manager.disable
+    _C._set_log_threshold(max(_logger.getEffectiveLevel(), disabled + 1 if disabled else 0))
+
+
+def _follow_logging_levels() -> None:
+    manager = logging.Logger.manager
+    clear = manager._clear_cache
+
+    def _clear_cache():
+        clear()
+        _push_log_threshold()
+
+    manager._clear_cache = _clear_cache
+    _push_log_threshold()
+
+
 def _collect_garbage() -> None:
     import gc
 
@@ -238,6 +260,7 @@ def install(C) -> None:
     global _C
     _C = C
     _C._set_log_sink(_emit)
+    _follow_logging_levels()
     _C._set_collect_garbage_hook(_collect_garbage)
     _C._set_capture_scope_hook(_capture_scope)
     _C._set_pytree_hooks(_pytree_flatten_node, _pytree_unflatten_node)

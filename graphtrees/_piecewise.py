@@ -22,7 +22,8 @@ from ._graph_checks import is_host_scalar, op_name, underlying_op
 #   up next to it: they depend on nothing else). Host scalars (sym_size, SymInt arithmetic) belong
 #   to no piece: each piece that reads one computes it again from its own inputs, so a piece takes
 #   plain sizes and unbacked symbols as inputs, never expressions of them (Inductor binds only
-#   plain symbols); an _assert_scalar goes with the piece it falls in. They count as no op.
+#   plain symbols); an _assert_scalar goes with the piece it falls in. They count as no op, and
+#   so do views, which launch no kernel.
 #   Consecutive recordable ops form a recorded piece; consecutive unrecordable ones an eager
 #   piece. A recorded piece of fewer than ``min_piece_ops`` (default 3) ops joins the eager pieces
 #   around it: a replay has a fixed cost (about 6 us of bookkeeping on CPU,
@@ -157,6 +158,12 @@ def _floating(node: torch.fx.Node) -> bool:
     return bool(node.users) and is_host_scalar(node)
 
 
+def _is_view(node: torch.fx.Node) -> bool:
+    """A view launches no kernel: a piece of views only would capture an empty graph (torch
+    warns "The CUDA Graph is empty"), so views count as no op (review 4, #17)."""
+    return bool(getattr(underlying_op(node), "is_view", False))
+
+
 def _units(gm: torch.fx.GraphModule) -> list[list[torch.fx.Node]]:
     """The graph's ops in order, each with the getitems of its result (Note [Piecewise graphs])."""
     units: list[list[torch.fx.Node]] = []
@@ -182,7 +189,7 @@ def plan(
     for unit in _units(gm):
         head = unit[0]
         why = [(head, reasons[head])] if head in reasons else []
-        counts = 0 if is_host_scalar(head) else 1
+        counts = 0 if is_host_scalar(head) or _is_view(head) else 1
         if pieces and bool(pieces[-1].blame) == bool(why):
             pieces[-1].nodes.extend(unit)
             pieces[-1].blame.extend(why)

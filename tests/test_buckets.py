@@ -6,7 +6,7 @@ import torch
 
 from graphtrees import cudagraphify
 
-from helpers import assert_invariants, info
+from helpers import assert_close, assert_invariants, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -26,7 +26,7 @@ def test_every_batch_size_pads_and_matches_eager(device):
             x = torch.randn(b, 16, device=device)
             out = f(x, w)
             assert out.shape == (b, 8)
-            torch.testing.assert_close(out, torch.relu(x @ w) + 1)
+            assert_close(out, torch.relu(x @ w) + 1)
     assert len(f.signatures()) == len(BUCKETS)
     assert info(device)["num_replays"] > 8
     assert_invariants(device)
@@ -36,7 +36,7 @@ def test_above_the_largest_bucket_runs_eagerly(device, tree_logs):
     f = cudagraphify(lambda x: x * 2, buckets=BUCKETS)
     for b in (9, 12, 9):
         x = torch.randn(b, 4, device=device)
-        torch.testing.assert_close(f(x), x * 2)
+        assert_close(f(x), x * 2)
     assert tree_logs.text.count("above the largest bucket (8)") == 1
     assert info(device)["num_nodes"] == 0
 
@@ -49,7 +49,7 @@ def test_results_that_are_not_batch_shaped_are_left_alone(device):
         y, peak = f(x, w)
         ref_y, _ = mlp(x, w)
         assert y.shape == (3, 8) and peak.shape == (8,)  # (8,) is w's width, not the bucket
-        torch.testing.assert_close(y, ref_y)
+        assert_close(y, ref_y)
 
 
 def test_static_inputs_are_never_padded(device):
@@ -57,7 +57,7 @@ def test_static_inputs_are_never_padded(device):
     f = cudagraphify(lambda x, t: x[:, :5] + t.sum(0), static_argnums=(1,), buckets=[4])
     for _ in range(3):
         x = torch.randn(3, 6, device=device)
-        torch.testing.assert_close(f(x, table), x[:, :5] + table.sum(0))
+        assert_close(f(x, table), x[:, :5] + table.sum(0))
 
 
 def test_capture_records_every_bucket_largest_first(device):
@@ -71,7 +71,7 @@ def test_capture_records_every_bucket_largest_first(device):
     assert recordings == 4
     for b in range(1, 9):
         x = torch.randn(b, 16, device=device)
-        torch.testing.assert_close(f(x, w), torch.tanh(x @ w))
+        assert_close(f(x, w), torch.tanh(x @ w))
     assert info(device)["num_recordings"] == recordings  # everything replays
 
 

@@ -13,7 +13,7 @@ import torch
 import graphtrees
 from graphtrees import ReplayMismatchError, cudagraphify
 
-from helpers import assert_invariants, cpu_replays, info
+from helpers import assert_close, assert_invariants, cpu_replays, info
 
 
 class Scaled(torch.nn.Module):
@@ -60,9 +60,9 @@ def test_python_values_are_baked_as_a_cuda_replay_bakes_them(x):
         model.scale, model.subtract = 3.0, True
         for _ in range(3):
             # A counter fed into the computation: 2, 2, 2 as on a GPU (not 3, 4, 5).
-            torch.testing.assert_close(g(x), recorded)
+            assert_close(g(x), recorded)
         assert model.step == 2
-        torch.testing.assert_close(recorded, model.lin(x) * 2.0 + 2 + 1)
+        assert_close(recorded, model.lin(x) * 2.0 + 2 + 1)
 
 
 def test_replays_see_new_input_values_and_parameter_updates():
@@ -72,7 +72,7 @@ def test_replays_see_new_input_values_and_parameter_updates():
         for _ in range(5):
             x = torch.randn(3, 8)
             lin.weight.add_(0.1)  # in place: the recording reads the parameter where it is
-            torch.testing.assert_close(g(x), lin(x))
+            assert_close(g(x), lin(x))
     assert info("cpu")["num_program_replays"] == 3
 
 
@@ -90,13 +90,13 @@ def test_random_ops_draw_fresh_numbers_and_follow_the_seed(x):
     again = run()
     assert info("cpu")["num_program_replays"] == 8
     for a, b in zip(first, again):
-        torch.testing.assert_close(a, b)  # reproducible under torch.manual_seed
+        assert_close(a, b)  # reproducible under torch.manual_seed
     replayed = first[2:]
     assert not torch.equal(replayed[0], replayed[1]) and not torch.equal(replayed[1], replayed[2])
     # What eager draws from the same seed, call by call.
     torch.manual_seed(123)
     for got in first:
-        torch.testing.assert_close(got, noisy(x))
+        assert_close(got, noisy(x))
 
 
 def test_generator_arguments_advance_on_every_replay(x):
@@ -105,7 +105,7 @@ def test_generator_arguments_advance_on_every_replay(x):
     outs = [g(x, gen).clone() for _ in range(4)]
     ref_gen = torch.Generator().manual_seed(7)
     for got in outs:
-        torch.testing.assert_close(got, x + torch.rand(x.shape, generator=ref_gen))
+        assert_close(got, x + torch.rand(x.shape, generator=ref_gen))
     assert info("cpu")["num_program_replays"] == 2
 
 
@@ -123,7 +123,7 @@ def test_in_place_updates_of_a_buffer_are_replayed(x):
     g = cudagraphify(model)
     with torch.no_grad():
         for i in range(1, 6):
-            torch.testing.assert_close(g(x), x * i)
+            assert_close(g(x), x * i)
     assert model.seen.item() == 5
     assert cpu_replays("cpu") == ["program"]
 
@@ -138,9 +138,9 @@ def test_batch_norm_in_training_mode_updates_its_statistics_once_per_call():
     with torch.no_grad():
         for _ in range(5):
             x = torch.randn(8, 4)
-            torch.testing.assert_close(g(x), ref(x))
-    torch.testing.assert_close(bn.running_mean, ref.running_mean)
-    torch.testing.assert_close(bn.running_var, ref.running_var)
+            assert_close(g(x), ref(x))
+    assert_close(bn.running_mean, ref.running_mean)
+    assert_close(bn.running_var, ref.running_var)
     assert bn.num_batches_tracked.item() == 5 and cpu_replays("cpu") == ["program"]
 
 
@@ -150,8 +150,8 @@ def test_a_generator_read_from_a_closure_is_drawn_from_once_per_call(x):
     outs = [g(x).clone() for _ in range(4)]
     ref = torch.Generator().manual_seed(3)
     for got in outs:
-        torch.testing.assert_close(got, x + torch.rand(x.shape, generator=ref))
-    torch.testing.assert_close(gen.get_state(), ref.get_state())
+        assert_close(got, x + torch.rand(x.shape, generator=ref))
+    assert_close(gen.get_state(), ref.get_state())
     assert cpu_replays("cpu") == ["program"]
 
 
@@ -164,9 +164,7 @@ def test_a_tensor_python_filled_is_caught_whatever_the_memory_held(caplog):
     with caplog.at_level(logging.WARNING, logger="graphtrees"):
         for _ in range(4):
             a, b = torch.randn(3), torch.randn(3)
-            torch.testing.assert_close(
-                g(a, b), torch.where(torch.tensor([True, False, True]), a, b)
-            )
+            assert_close(g(a, b), torch.where(torch.tensor([True, False, True]), a, b))
     assert cpu_replays("cpu") == ["python"]
 
 
@@ -180,7 +178,7 @@ def test_a_write_outside_the_dispatcher_falls_back_to_the_python_replay(x, caplo
     with caplog.at_level(logging.WARNING, logger="graphtrees"):
         for _ in range(4):
             y = torch.randn(4, 8)
-            torch.testing.assert_close(g(y), y * 2 + 1)
+            assert_close(g(y), y * 2 + 1)
     assert cpu_replays("cpu") == ["python"]
     assert info("cpu")["num_replays"] == 2 and info("cpu")["num_program_replays"] == 0
     logged = [r.getMessage() for r in caplog.records if "via_numpy" in r.getMessage()]
@@ -195,7 +193,7 @@ def test_a_tensor_made_outside_the_dispatcher_keeps_the_python_replay(caplog):
     with caplog.at_level(logging.WARNING, logger="graphtrees"):
         for _ in range(4):
             y = torch.randn(4, 8)
-            torch.testing.assert_close(g(y), y * 2)
+            assert_close(g(y), y * 2)
     assert cpu_replays("cpu") == ["python"]
     logged = [r.getMessage() for r in caplog.records if "detached" in r.getMessage()]
     assert len(logged) == 1 and "made while the function ran, but not by an op" in logged[0]
@@ -209,7 +207,7 @@ def test_torch_tensor_filled_by_python_is_caught_by_the_proof(caplog):
     with caplog.at_level(logging.WARNING, logger="graphtrees"):
         for _ in range(4):
             y = torch.randn(4, 8)
-            torch.testing.assert_close(g(y), y * 2)
+            assert_close(g(y), y * 2)
     assert cpu_replays("cpu") == ["python"]
     assert any("with_constant" in r.getMessage() for r in caplog.records)
 
@@ -234,8 +232,8 @@ def test_program_replays_of_a_two_node_path_keep_live_outputs_safe():
         x = torch.randn(5, 6)
         y = f(x)
         z = h(y)
-        torch.testing.assert_close(z, (x.relu() * 3 + 1).sum(0))
-        torch.testing.assert_close(y, x.relu() * 3)
+        assert_close(z, (x.relu() * 3 + 1).sum(0))
+        assert_close(y, x.relu() * 3)
         graphtrees.mark_step_begin()
     assert cpu_replays("cpu") == ["program", "program"]
     assert info("cpu")["num_program_replays"] == 4
@@ -256,7 +254,7 @@ def test_threads_replay_their_programs_at_once():
             with torch.no_grad():
                 for _ in range(50):
                     x = torch.randn(8, 32)
-                    torch.testing.assert_close(g(x), lin(x))
+                    assert_close(g(x), lin(x))
             t = info("cpu")
             assert t["num_program_replays"] == t["num_replays"] == 48, t
         except Exception as e:  # noqa: BLE001 - reported by the main thread
@@ -282,10 +280,11 @@ def test_ops_with_tensor_lists_views_and_indices_replay():
     for _ in range(4):
         x = torch.randn(4, 6)
         for got, want in zip(g(x, idx), f(x, idx)):
-            torch.testing.assert_close(got, want)
+            assert_close(got, want)
     assert cpu_replays("cpu") == ["program"]
 
 
+@pytest.mark.needs_kernels("verify compares a replay's values with an eager run's")
 def test_verify_catches_a_baked_value_on_every_backend(device):
     k = {"v": 1.0}
     g = cudagraphify(lambda x: (x * k["v"], x.sum()), verify=True, name="baked")
@@ -334,7 +333,7 @@ def test_verify_warn_logs_once_and_returns_the_eager_result(x, caplog):
         model.scale = 5.0
         for _ in range(3):
             model.step = 1
-            torch.testing.assert_close(g(x), model.lin(x) * 5.0 + 2 + 1)
+            assert_close(g(x), model.lin(x) * 5.0 + 2 + 1)
     warnings = [r for r in caplog.records if "does not match an eager run" in r.getMessage()]
     assert len(warnings) == 1
 
@@ -346,8 +345,8 @@ def test_verify_keeps_the_rng_where_the_replay_left_it(x):
     follow = torch.randn(3)
     torch.manual_seed(0)
     for got in outs:
-        torch.testing.assert_close(got, x + torch.randn_like(x))
-    torch.testing.assert_close(follow, torch.randn(3))
+        assert_close(got, x + torch.randn_like(x))
+    assert_close(follow, torch.randn(3))
 
 
 def test_verify_with_graphtrees_compile(x, monkeypatch):
@@ -360,7 +359,7 @@ def test_verify_with_graphtrees_compile(x, monkeypatch):
     compiled = graphtrees.compile(model, verify=True)
     with torch.no_grad():
         for _ in range(4):
-            torch.testing.assert_close(compiled(x), model(x))
+            assert_close(compiled(x), model(x))
     assert len(checked) == info("cpu")["num_replays"] == 2
 
 

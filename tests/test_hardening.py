@@ -13,7 +13,7 @@ import torch
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
 
-from helpers import ROOT, assert_invariants, info
+from helpers import ROOT, assert_close, assert_invariants, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -52,25 +52,42 @@ def where_one_arg(x):
 
 
 def equal(x):
-    return x + 1 if torch.equal(x, x) else x
+    # torch.equal(x, x) answers from the storages on CUDA, without reading a value (found on the
+    # CUDA stand-in): compare with another tensor, so that it reads the device.
+    return x + 1 if torch.equal(x, x * 1) else x
 
 
 HOST_SYNCS = [branchy, masked, item, tolist, printing, where_one_arg, equal]
+# What they do with the value read is a kernel's result: a shape, or what printing shows.
+_DEVICE_VALUES = {
+    "masked": "the mask's nonzero shape is read from the device",
+    "where_one_arg": "the nonzero shape is read from the device",
+    "printing": "printing formats the values (and masks them by finiteness) on the device",
+}
 
 
-@pytest.mark.parametrize("fn", HOST_SYNCS, ids=[f.__name__ for f in HOST_SYNCS])
+def _host_sync_params():
+    return [
+        pytest.param(f, id=f.__name__, marks=pytest.mark.needs_kernels(_DEVICE_VALUES[f.__name__]))
+        if f.__name__ in _DEVICE_VALUES
+        else pytest.param(f, id=f.__name__)
+        for f in HOST_SYNCS
+    ]
+
+
+@pytest.mark.parametrize("fn", _host_sync_params())
 def test_host_sync_during_capture_runs_eagerly_and_leaves_the_tree_working(device, fn, tree_logs):
     # A CUDA capture rejects host synchronisation; the CPU backend rejects it the same way, so
     # that a test passing on CPU predicts CUDA.
     h = cudagraphify(lambda x: x.sin() + 1)
     y = torch.randn(32, device=device)
     for _ in range(3):
-        torch.testing.assert_close(h(y), y.sin() + 1)
+        assert_close(h(y), y.sin() + 1)
     nodes_before = info(device)["num_nodes"]
     g = cudagraphify(fn)
     for sign in (1.0, -1.0, 1.0, -1.0, 1.0):
         x = torch.randn(16, device=device).abs() * sign
-        torch.testing.assert_close(g(x), fn(x))
+        assert_close(g(x), fn(x))
     (reason,) = eager_reasons(g)
     assert reason is not None and "cannot be recorded as a graph" in reason
     assert tree_logs.text.count("cannot be recorded as a graph") == 1  # logged once
@@ -79,10 +96,10 @@ def test_host_sync_during_capture_runs_eagerly_and_leaves_the_tree_working(devic
     replays = info(device)["num_replays"]
     for _ in range(3):
         mark_step_begin()
-        torch.testing.assert_close(h(y), y.sin() + 1)
+        assert_close(h(y), y.sin() + 1)
     k = cudagraphify(lambda x: x * 5)
     for _ in range(3):
-        torch.testing.assert_close(k(y), y * 5)
+        assert_close(k(y), y * 5)
     assert info(device)["num_replays"] >= replays + 4
     assert_invariants(device)
 
@@ -111,7 +128,7 @@ def test_host_sync_in_warmup_only_is_fine(device):
     g = cudagraphify(f)
     x = torch.randn(8, device=device)
     for _ in range(4):
-        torch.testing.assert_close(g(x), x * 2)
+        assert_close(g(x), x * 2)
     assert eager_reasons(g) == [None]
     assert info(device)["num_replays"] == 2
 
@@ -122,12 +139,12 @@ def test_failure_at_capture_end_runs_eagerly(device, tree_logs):
     g(x)  # warmup
     inject("capture_end")
     for _ in range(3):
-        torch.testing.assert_close(g(x), x.cos() * 3)
+        assert_close(g(x), x.cos() * 3)
     assert "cannot be recorded" in eager_reasons(g)[0]
     assert info(device)["num_nodes"] == 0
     k = cudagraphify(lambda x: x - 7)
     for _ in range(3):
-        torch.testing.assert_close(k(x), x - 7)
+        assert_close(k(x), x - 7)
     assert info(device)["num_nodes"] == 1 and info(device)["num_replays"] == 1
     assert_invariants(device)
 
@@ -142,20 +159,20 @@ def test_checkpoint_that_throws_leaves_the_tree_as_it_was(device, tree_logs):
     a = g1(x)  # records g1
     assert info(device)["num_nodes"] == 1
     inject("checkpoint")
-    torch.testing.assert_close(g2(a), x * 2 + 1)  # its recording's checkpoint fails
+    assert_close(g2(a), x * 2 + 1)  # its recording's checkpoint fails
     assert info(device)["num_nodes"] == 1
     assert "could not be checkpointed" in eager_reasons(g2)[0]
     for _ in range(4):
         mark_step_begin()
         a = g1(x)
-        torch.testing.assert_close(g2(a), x * 2 + 1)
-        torch.testing.assert_close(a, x * 2)
+        assert_close(g2(a), x * 2 + 1)
+        assert_close(a, x * 2)
     # A branch that needs g1's checkpoint restores it (a node without one would crash here).
     h = cudagraphify(lambda a: a.exp())
     for _ in range(3):
         mark_step_begin()
         a = g1(x)
-        torch.testing.assert_close(h(a), (x * 2).exp())
+        assert_close(h(a), (x * 2).exp())
     assert info(device)["num_checkpoints"] >= 1
     assert_invariants(device)
 
@@ -175,9 +192,9 @@ def test_restore_that_fails_before_changing_the_pool_leaks_nothing(device, tree_
     x, a, b = _tree_needing_a_restore(device)
     inject("backend_restore")
     h = cudagraphify(lambda a: a.exp())
-    torch.testing.assert_close(h(a), (x * 2).exp())  # retired, then run on a fresh tree
-    torch.testing.assert_close(a, x * 2)
-    torch.testing.assert_close(b, x * 2 + 1)
+    assert_close(h(a), (x * 2).exp())  # retired, then run on a fresh tree
+    assert_close(a, x * 2)
+    assert_close(b, x * 2 + 1)
     t = info(device)
     assert t["retired_trees"] == 1 and t["leaked_bytes"] == 0
     assert "the pool was left unchanged" in tree_logs.text
@@ -193,15 +210,15 @@ def test_restore_that_fails_half_way_reports_the_leak(tree_logs):
     x, a, b = _tree_needing_a_restore(device)
     inject("partial_restore")
     h = cudagraphify(lambda a: a.exp())
-    torch.testing.assert_close(h(a), (x * 2).exp())
-    torch.testing.assert_close(a, x * 2)  # disowned but intact: a retired pool never allocates
+    assert_close(h(a), (x * 2).exp())
+    assert_close(a, x * 2)  # disowned but intact: a retired pool never allocates
     t = info(device)
     assert t["retired_trees"] == 1 and t["leaked_bytes"] >= a.numel() * 4
     assert "left inconsistent" in tree_logs.text
     for _ in range(3):
         mark_step_begin()
         a2 = cudagraphify(lambda x: x * 2)(x)
-        torch.testing.assert_close(a2, x * 2)
+        assert_close(a2, x * 2)
     graphtrees.reset()
     assert info(device)["leaked_bytes"] == 0
 
@@ -218,7 +235,7 @@ def test_error_at_the_end_of_routing_is_raised_by_the_call(device):
     assert info(device)["pool"]["allocated_blocks"] == before
     del keep
     for _ in range(3):
-        torch.testing.assert_close(g(x), x + 3)
+        assert_close(g(x), x + 3)
     assert info(device)["num_replays"] >= 1
     assert_invariants(device)
 
@@ -236,9 +253,7 @@ def test_error_while_unwinding_keeps_the_users_error(device, tree_logs):
     assert "ending the pool routing after an error failed too" in tree_logs.text
     k = cudagraphify(lambda x: x * 4)
     for _ in range(3):
-        torch.testing.assert_close(
-            k(torch.ones(4, device=device)), torch.full((4,), 4.0, device=device)
-        )
+        assert_close(k(torch.ones(4, device=device)), torch.full((4,), 4.0, device=device))
     assert_invariants(device)
 
 
@@ -255,7 +270,7 @@ def test_error_while_releasing_the_pool_is_raised_by_reset(device):
     with pytest.raises(RuntimeError, match="overwritten"):
         out + 1
     for _ in range(3):
-        torch.testing.assert_close(g(x), x * 2)
+        assert_close(g(x), x * 2)
 
 
 def test_error_while_releasing_at_exit_does_not_abort():
@@ -308,7 +323,7 @@ def test_autocast_replays_follow_eager_across_steps(device):
             y = g(x)
             ref = lin(x)
         assert y.dtype == dt
-        torch.testing.assert_close(y, ref)
+        assert_close(y, ref)
         z = other(torch.randn(256, 256, device=device))  # reuses the pool outside autocast
         assert z.dtype == torch.float32
         lin.weight.add_(0.01)  # replays must see parameter updates
@@ -326,7 +341,7 @@ def test_autocast_state_is_part_of_the_signature(device):
     for _ in range(3):
         y = g(x)
         assert y.dtype == torch.float32
-        torch.testing.assert_close(y, lin(x))
+        assert_close(y, lin(x))
     assert len(g.signatures()) == 2
 
 
@@ -346,7 +361,7 @@ def test_conv_net_with_onednn_replays(device):
     with torch.inference_mode():
         for _ in range(4):
             x = torch.randn(2, 4, 32, 32, device=device)
-            torch.testing.assert_close(f(x), m(x))
+            assert_close(f(x), m(x))
     assert info(device)["num_replays"] == 2
 
 
@@ -368,8 +383,8 @@ def test_a_rejected_recording_runs_the_function_once_in_its_call():
     for i in range(5):
         x = torch.full((4,), float(i))
         a, b = g(x)
-        torch.testing.assert_close(a, x * 2 + 1)
-        torch.testing.assert_close(b, x * 2)
+        assert_close(a, x * 2 + 1)
+        assert_close(b, x * 2)
         assert len(runs) == i + 1
     assert info("cpu")["num_nodes"] == 0
     assert_invariants("cpu")
@@ -410,14 +425,14 @@ def test_error_raised_during_the_capture_runs_eagerly(device, tree_logs):
     g = cudagraphify(_refused_while_capturing)
     x = torch.randn(32, device=device)
     for _ in range(4):
-        torch.testing.assert_close(g(x), x * 4)
+        assert_close(g(x), x * 4)
     (reason,) = eager_reasons(g)
     assert "raised while it was being recorded" in reason and "pinned" in reason
     assert tree_logs.text.count("raised while it was being recorded") == 1
     assert info(device)["num_nodes"] == 0
     k = cudagraphify(lambda x: x + 3)  # the tree keeps recording
     for _ in range(3):
-        torch.testing.assert_close(k(x), x + 3)
+        assert_close(k(x), x + 3)
     assert info(device)["num_replays"] >= 1
     assert_invariants(device)
 
@@ -438,7 +453,7 @@ def test_error_of_the_users_own_propagates_and_is_not_an_eager_reason(device):
         g(x)  # the capture raises, and so does the eager rerun
     assert eager_reasons(g) == [None]
     for _ in range(3):  # recorded at the next call
-        torch.testing.assert_close(g(x), x - 1)
+        assert_close(g(x), x - 1)
     assert info(device)["num_nodes"] == 1
 
 
@@ -504,7 +519,7 @@ def test_fallbacks_of_a_recording_run_on_the_clone_of_a_stale_input(device, exit
     if exit_ == "checkpoint":
         inject("checkpoint")
     out = other(y)  # records: the restore clones y first; the recording's fallback runs eagerly
-    torch.testing.assert_close(out, torch.cat([expected_base, expected_base]) * 3)
+    assert_close(out, torch.cat([expected_base, expected_base]) * 3)
     assert eager_reasons(other)[0] is not None
     # `y` itself was invalidated by the restore: only its clone could give the result above.
     with pytest.raises(RuntimeError, match="overwritten"):
@@ -541,30 +556,48 @@ def test_autocast_region_inside_the_function_under_an_outer_region(device):
             y = g(x)
             z = h(y) if step % 2 else y + 0
             expected = model(x)
-            torch.testing.assert_close(y, expected)
-            torch.testing.assert_close(z, expected * 2 if step % 2 else expected)
+            assert_close(y, expected)
+            assert_close(z, expected * 2 if step % 2 else expected)
             assert_invariants(device)
     mark_step_begin()
-    torch.testing.assert_close(g(x), model(x))  # outside the outer region: a new signature
+    assert_close(g(x), model(x))  # outside the outer region: a new signature
     assert eager_reasons(g) == [None, None]
     assert_invariants(device)
 
 
+def _draw(x, gen):
+    return x + torch.rand(x.shape, device=x.device, generator=gen)
+
+
 def test_generator_arguments_key_the_signature_by_identity(device):
     # A torch.Generator argument is part of the signature (a recording registers that very
-    # generator with its graph); each replay draws fresh numbers from it, as eager calls do.
-    f = lambda x, gen: x + torch.rand(x.shape, device=x.device, generator=gen)  # noqa: E731
-    g = cudagraphify(f)
+    # generator with its graph).
+    g = cudagraphify(_draw)
+    x = torch.zeros(256, device=device)
+    a, b = torch.Generator(device), torch.Generator(device)
+    for _ in range(4):
+        g(x, a)
+    assert info(device)["num_replays"] == 2
+    g(x, b)  # another generator: another signature
+    assert len(g.signatures()) == 2
+    assert all(s["eager_reason"] is None for s in g.signatures())
+    graphtrees.reset()  # the graphs that registered a, b are destroyed (review 4, #1)
+    gc.collect()
+    torch.rand(4, device=device, generator=a)  # the generators are usable afterwards
+
+
+@pytest.mark.needs_kernels("the random numbers are a kernel's output")
+def test_replays_draw_fresh_numbers_from_a_generator_argument(device):
+    # Each replay draws fresh numbers from the generator passed, as eager calls do.
+    g = cudagraphify(_draw)
     x = torch.zeros(256, device=device)
     a, b = torch.Generator(device), torch.Generator(device)
     a.manual_seed(1)
     graphed = [g(x, a).clone() for _ in range(4)]
     a.manual_seed(1)
-    eager = [f(x, a) for _ in range(4)]
+    eager = [_draw(x, a) for _ in range(4)]
     for got, want in zip(graphed, eager):
-        torch.testing.assert_close(got, want)
+        assert_close(got, want)
     assert not torch.equal(graphed[2], graphed[3])
     b.manual_seed(1)
-    torch.testing.assert_close(g(x, b), eager[0])  # another generator: another signature
-    assert len(g.signatures()) == 2
-    assert all(s["eager_reason"] is None for s in g.signatures())
+    assert_close(g(x, b), eager[0])

@@ -11,7 +11,7 @@ import graphtrees
 from graphtrees import cudagraphify
 from graphtrees._ext import get_ext
 
-from helpers import assert_invariants, assert_overwritten, info
+from helpers import assert_close, assert_invariants, assert_overwritten, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -34,7 +34,7 @@ class Outer(torch.nn.Module):
 def _call(g, k):
     x = torch.arange(k, dtype=torch.float32)
     out = g(x)
-    torch.testing.assert_close(out, x[:, None] + torch.arange(WIDTH, dtype=torch.float32))
+    assert_close(out, x[:, None] + torch.arange(WIDTH, dtype=torch.float32))
     return out
 
 
@@ -126,13 +126,13 @@ def test_the_current_path_is_never_evicted(tree_logs):
     for _ in range(3):
         graphtrees.mark_step_begin()
         y = _call(big, 640)
-        torch.testing.assert_close(follow(y), y * 2)
+        assert_close(follow(y), y * 2)
     budget = info("cpu")["pool"]["reserved_bytes"]
     graphtrees.set_memory_budget("cpu", budget)
     for _ in range(4):
         graphtrees.mark_step_begin()
         y = _call(big, 640)
-        torch.testing.assert_close(other(y), torch.cat([y, y]) * 3)
+        assert_close(other(y), torch.cat([y, y]) * 3)
         t = info("cpu")
         assert t["pool"]["reserved_bytes"] <= budget
         assert "big" in [n["function"] for n in t["nodes"]]
@@ -156,7 +156,7 @@ def _oom_every_allocation(make, args, calls=3):
         g = make()
         _C._inject_failure("pool_alloc", 1, k)
         for _ in range(calls):
-            torch.testing.assert_close(g(*args), expected)
+            assert_close(g(*args), expected)
         fired = _C._pending_failures("pool_alloc") == 0
         _C._inject_failure("pool_alloc", 0)
         t = info("cpu")
@@ -197,13 +197,13 @@ def test_out_of_memory_in_a_later_node_leaves_the_tree_usable(tree_logs):
     graphtrees.mark_step_begin()
     y = f(x)
     _C._inject_failure("pool_alloc", 1)
-    torch.testing.assert_close(h(y), (x * 2).sin() * 3)  # warmup fails: eager
+    assert_close(h(y), (x * 2).sin() * 3)  # warmup fails: eager
     assert "running 'h' eagerly: it ran out of memory while warming it up" in tree_logs.text
     for _ in range(3):
         graphtrees.mark_step_begin()
         y = f(x)
-        torch.testing.assert_close(g(y), (x * 2 + 1).exp())
-        torch.testing.assert_close(h(y), (x * 2).sin() * 3)
+        assert_close(g(y), (x * 2 + 1).exp())
+        assert_close(h(y), (x * 2).sin() * 3)
     t = info("cpu")
     assert sorted(n["function"] for n in t["nodes"]) == ["f", "g"]  # h stays eager
     assert t["num_replays"] >= 6
@@ -232,7 +232,7 @@ def test_cycling_shapes_keep_the_hot_recordings(tree_logs):
     for _cycle in range(6):
         for b in range(1, 9):
             x = torch.randn(b, 4)
-            torch.testing.assert_close(g(x), x * 2 + 1)
+            assert_close(g(x), x * 2 + 1)
     t = info("cpu")
     assert t["num_evictions"] == 4
     assert t["num_replays"] >= 4 * 3  # 4 shapes recorded by the third cycle, replayed after
@@ -248,7 +248,7 @@ def test_a_workload_that_moves_on_gets_its_shapes_recorded():
             g(torch.ones(b))
     for _ in range(12):  # then only shapes 4 and 5: the idle recordings are evicted for them
         for b in (4, 5):
-            torch.testing.assert_close(g(torch.ones(b)), torch.zeros(b))
+            assert_close(g(torch.ones(b)), torch.zeros(b))
     t = info("cpu")
     assert t["num_nodes"] == 2 and len(g.signatures()) == 2
     replays = t["num_replays"]
@@ -280,7 +280,7 @@ def test_out_of_memory_after_a_new_step_runs_on_the_inputs_copies(tree_logs):
     expected = torch.cat([y, y]) * 3
     graphtrees.mark_step_begin()
     graphtrees.set_memory_budget("cpu", info("cpu")["pool"]["reserved_bytes"])
-    torch.testing.assert_close(other(y), expected)
+    assert_close(other(y), expected)
     assert_overwritten(y)
     t = info("cpu")
     assert t["num_out_of_memory"] == 1

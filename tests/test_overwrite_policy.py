@@ -10,7 +10,7 @@ import torch
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
 
-from helpers import assert_invariants, assert_overwritten, info
+from helpers import assert_close, assert_invariants, assert_overwritten, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -26,8 +26,8 @@ def test_two_calls_of_one_function_keep_the_first_result(device):
         x1, x2 = torch.randn(64, device=device), torch.randn(64, device=device)
         y1 = f(x1)
         y2 = f(x2)
-        torch.testing.assert_close(y1, (x1 * 3).sin())
-        torch.testing.assert_close(y2, (x2 * 3).sin())
+        assert_close(y1, (x1 * 3).sin())
+        assert_close(y2, (x2 * 3).sin())
     assert info(device)["num_replays"] >= 4
     assert info(device)["num_migrations"] >= 4
     assert_invariants(device)
@@ -60,9 +60,9 @@ def test_classifier_free_guidance_written_the_natural_way(device):
             ref = ref - 0.1 * torch.tanh(
                 ref + (enc_fn(ids, table) if step % 2 == 0 else enc_fn(null_ids, table))
             )
-        torch.testing.assert_close(x, ref)
-        torch.testing.assert_close(cond, enc_fn(ids, table))
-        torch.testing.assert_close(uncond, enc_fn(null_ids, table))
+        assert_close(x, ref)
+        assert_close(cond, enc_fn(ids, table))
+        assert_close(uncond, enc_fn(null_ids, table))
     assert info(device)["num_replays"] > 0 and info(device)["num_migrations"] > 0
     assert_invariants(device)
 
@@ -82,7 +82,7 @@ def test_copies_are_logged_at_debug_with_the_function_name(device, tree_logs):
     for _ in range(3):
         a = f(torch.randn(16, device=device))
         f(torch.randn(16, device=device))
-    torch.testing.assert_close(a, a.clone())
+    assert_close(a, a.clone())
     assert "copied a live output of 'shift'" in tree_logs.text
 
 
@@ -100,8 +100,8 @@ def test_sampler_loop_of_50_steps_keeps_its_condition(device, tree_logs):
         for _ in range(50):
             x = step(x, cond)
             ref = ref + 0.01 * (torch.tanh(z @ w) - ref)
-        torch.testing.assert_close(cond, torch.tanh(z @ w))
-        torch.testing.assert_close(x, ref)
+        assert_close(cond, torch.tanh(z @ w))
+        assert_close(x, ref)
     assert "chain_limit=16" in tree_logs.text  # the new steps it started are logged once
     # The INFO line is logged once (each path's end is logged at DEBUG, naming the limit too).
     assert tree_logs.text.count("on outputs of that step (chain_limit=16)") == 1
@@ -127,7 +127,7 @@ def test_gradients_use_the_same_mechanism(device):
         for _ in range(4):
             compiled(x).sum().backward()
         (expected,) = torch.autograd.grad(model(x).sum(), model.weight)
-    torch.testing.assert_close(model.weight.grad, expected * 4)
+    assert_close(model.weight.grad, expected * 4)
     torch._dynamo.reset()
 
 
@@ -157,7 +157,7 @@ def test_keeping_every_output_of_a_feedback_loop_names_the_chain_limit(device):
         kept[0] + 1
     msg = str(err.value)
     assert "chain_limit=16" in msg and "on_overwrite='copy'" in msg and ".clone()" in msg
-    torch.testing.assert_close(kept[-1], _loop_reference(40, device))
+    assert_close(kept[-1], _loop_reference(40, device))
 
 
 def _loop_reference(n, device):

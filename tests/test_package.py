@@ -330,7 +330,10 @@ def _tool(name):
 
 def test_the_cpp_is_clang_formatted():
     sources = sorted(
-        str(p) for p in pathlib.Path(ROOT, "csrc").rglob("*") if p.suffix in (".h", ".cpp")
+        str(p)
+        for d in ("csrc", "tests/cuda_standin")
+        for p in pathlib.Path(ROOT, d).rglob("*")
+        if p.suffix in (".h", ".cpp")
     )
     r = subprocess.run([_tool("clang-format"), "--dry-run", "--Werror", *sources],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip

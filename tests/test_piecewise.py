@@ -11,7 +11,7 @@ import torch
 
 import graphtrees
 
-from helpers import assert_invariants, info
+from helpers import assert_close, assert_invariants, info
 
 INNERS = ("aot_eager", "inductor")
 PIECE = re.compile(r"graph\d+\.(inference|forward|backward)\[(\d+)/(\d+)\](#\d+)?$")
@@ -145,8 +145,14 @@ def _assert_pieces_replayed(device, modes):
     assert all(PIECE.match(f).group(3) != "1" for f, _ in pieces), pieces
 
 
+def _case_params():
+    # nonzero's output shape is read from the device: a value the CUDA stand-in has none of.
+    kernels = pytest.mark.needs_kernels("nonzero's output shape is read from the device")
+    return [pytest.param(c, marks=kernels) if c == "nonzero" else c for c in sorted(CASES)]
+
+
 @pytest.mark.parametrize("inner", INNERS)
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", _case_params())
 def test_inference_is_split_and_matches_eager(device, inner, case, caplog):
     caplog.set_level(logging.INFO, logger="graphtrees")
     args, options, dynamo, op = CASES[case]
@@ -156,7 +162,7 @@ def test_inference_is_split_and_matches_eager(device, inner, case, caplog):
     with torch._dynamo.config.patch(**dynamo), torch.no_grad():
         compiled = graphtrees.compile(model, inner=inner, **options)
         for _ in range(4):
-            torch.testing.assert_close(compiled(x), model(x))
+            assert_close(compiled(x), model(x))
     _assert_pieces_replayed(device, ["inference"])
     assert re.search(r"split 'graph\d+\.inference' into", caplog.text) and op in caplog.text
     (name, pieces), *_ = graphtrees.split_info().items()
@@ -179,11 +185,11 @@ def _train_matches_eager(model, compiled, data):
             f(x).pow(2).mean().backward()
             opt.step()
     for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q)
+        assert_close(p, q)
 
 
 @pytest.mark.parametrize("inner", INNERS)
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", _case_params())
 def test_training_is_split_and_matches_eager(device, inner, case):
     args, options, dynamo, _ = CASES[case]
     torch.manual_seed(0)
@@ -241,7 +247,7 @@ def test_recorded_pieces_run_recorded_ops_on_cpu():
     with torch._dynamo.config.patch(**dynamo), torch.no_grad():
         compiled = graphtrees.compile(model, inner="aot_eager")
         for _ in range(4):
-            torch.testing.assert_close(compiled(x), model(x))
+            assert_close(compiled(x), model(x))
     t = info("cpu")
     assert [n["cpu_replay"] for n in t["nodes"]] == ["program", "program"], t["nodes"]
     assert t["num_program_replays"] == t["num_replays"] == 4
@@ -265,7 +271,7 @@ def test_consecutive_pieces_pass_outputs_in_place(device):
     compiled = graphtrees.compile(f, inner="aot_eager")
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(compiled(x), f(x))
+            assert_close(compiled(x), f(x))
     nodes = info(device)["nodes"]
     assert _functions(device) == ["inference[1/5]", "inference[3/5]", "inference[5/5]"]
     assert nodes[1]["parent"] == nodes[0]["id"] and nodes[2]["parent"] == nodes[1]["id"]
@@ -298,7 +304,7 @@ def test_small_pieces_run_eagerly(device, caplog):
     compiled = graphtrees.compile(f, inner="aot_eager")
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(compiled(x), f(x))
+            assert_close(compiled(x), f(x))
     assert _functions(device) == ["inference[2/2]"]
     assert "fewer than min_piece_ops=3" in caplog.text
 
@@ -307,7 +313,7 @@ def test_small_pieces_run_eagerly(device, caplog):
     compiled = graphtrees.compile(f, inner="aot_eager", min_piece_ops=1)
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(compiled(x), f(x))
+            assert_close(compiled(x), f(x))
     assert _functions(device) == ["inference[1/3]", "inference[3/3]"]
 
 
@@ -319,7 +325,7 @@ def test_piecewise_false_runs_the_whole_graph_eagerly(device, caplog):
     compiled = graphtrees.compile(model, inner="aot_eager", piecewise=False)
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(compiled(x), model(x))
+            assert_close(compiled(x), model(x))
     t = info(device)
     assert t["num_nodes"] == 0 and t["num_fallbacks"] == 3
     assert (
@@ -334,7 +340,7 @@ def test_strict_raises_only_for_what_cannot_be_split(device):
     x = torch.randn(6, 8, device=device)
     with torch.no_grad():
         strict = graphtrees.compile(model, inner="aot_eager", strict=True)
-        torch.testing.assert_close(strict(x), model(x))  # split: no error
+        assert_close(strict(x), model(x))  # split: no error
         torch._dynamo.reset()
 
         def only_unrecordable(x):
@@ -369,7 +375,7 @@ def test_splitting_ops_by_the_python_function_an_aten_op_came_from(device):
     compiled = graphtrees.compile(model, inner="aot_eager", splitting_ops=["aten::softmax"])
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(compiled(x), model(x))
+            assert_close(compiled(x), model(x))
     assert _functions(device) == ["inference[1/3]", "inference[3/3]"]
 
 
@@ -386,7 +392,7 @@ def test_splitting_ops_on_an_op_that_writes_into_its_output_argument(device, inn
     compiled = graphtrees.compile(f, inner=inner, splitting_ops=["graphtrees_test::attention_into"])
     with torch.no_grad():
         for _ in range(4):
-            torch.testing.assert_close(compiled(x), f(x))
+            assert_close(compiled(x), f(x))
     assert _functions(device) == ["inference[1/3]", "inference[3/3]"]
     _assert_pieces_replayed(device, ["inference"])
 
@@ -404,5 +410,60 @@ def test_cpu_op_in_the_middle_of_a_cuda_graph(inner):
     compiled = graphtrees.compile(f, inner=inner)
     with torch.no_grad():
         for _ in range(4):
-            torch.testing.assert_close(compiled(x, table), f(x, table))
+            assert_close(compiled(x, table), f(x, table))
     _assert_pieces_replayed("cuda", ["inference"])
+
+
+@pytest.mark.needs_cuda
+def test_a_zero_dim_copy_to_the_host_is_split_out_of_a_cuda_graph():
+    # Review 4, #16: 0-dim CPU results were exempt from the CPU checks, so loss.cpu() was planned
+    # into a recorded piece whose capture then failed: the whole piece ran eagerly, forever.
+    f = graphtrees.compile(lambda x: (torch.tanh(x) * 2 + 1).sum().cpu() + 0, inner="aot_eager")
+    x = torch.randn(64, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            out = f(x)
+    assert out.device.type == "cpu" and out.dim() == 0
+    (pieces,) = graphtrees.split_info().values()
+    eager = [p for p in pieces if not p["recorded"]]
+    assert any("to CPU" in " ".join(p["why_eager"]) for p in eager), pieces
+    assert info("cuda")["num_replays"] >= 2 and info("cuda")["num_fallbacks"] == 0
+
+
+class _LazyState(torch.nn.Module):
+    """Creates its state on its first call, after a splitting op (as transformers' StaticCache
+    makes its later layers' tensors inside the first forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.state = None
+
+    def forward(self, x):
+        h = self.lin(x) * 2 + 1
+        h = mix(h)
+        if self.state is None:
+            self.state = torch.zeros(4, 8, device=x.device)
+        self.state.add_(h[:4])
+        return (self.lin(h) + 1).relu(), self.state
+
+
+@pytest.mark.parametrize("inner", INNERS)
+def test_state_a_split_graph_creates_stays_valid_in_the_graphs_that_read_it(device, inner):
+    # Issue 31, #1: the state is an output of a recorded piece, in the pool; the next graph
+    # reads it in its last piece, and a step that began at that graph's first piece invalidated
+    # it ("overwritten ... a new step began"). A split graph now spares its inputs as a whole
+    # graph does (Note [Inputs of a split graph]).
+    torch.manual_seed(0)
+    model = _LazyState().to(device).eval()
+    ref = copy.deepcopy(model)
+    compiled = graphtrees.compile(model, inner=inner, splitting_ops=["graphtrees_test::mix"])
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(20):
+            x = torch.randn(6, 8, generator=gen).to(device)
+            out, state = compiled(x)
+            want, want_state = ref(x)
+            assert_close(out, want)
+            assert_close(model.state, ref.state)
+    assert info(device)["num_replays"] > 0

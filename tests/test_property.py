@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import graphtrees
 from graphtrees import cudagraphify
 
-from helpers import as_list, assert_invariants, value_or_none
+from helpers import as_list, assert_close, assert_invariants, value_or_none
 
 FUNCS = [
     (1, lambda x: x + 1),
@@ -122,7 +122,7 @@ def run_program(device, program):
             got = as_list(graphed[fi](*inputs))
             assert len(got) == len(expected)
             for g, e in zip(got, expected):
-                torch.testing.assert_close(g, e)
+                assert_close(g, e)
                 held.append((g, e.clone()))
         elif kind == "drop" and held:
             held.pop(step[1] % len(held))
@@ -135,7 +135,7 @@ def run_program(device, program):
         for t, e in held:
             v = value_or_none(t)
             if v is not None:
-                torch.testing.assert_close(v, e)
+                assert_close(v, e)
                 still.append((t, e))
         held = still
         assert_invariants(device)

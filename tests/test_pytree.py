@@ -9,7 +9,7 @@ import torch
 
 from graphtrees import cudagraphify
 
-from helpers import info
+from helpers import assert_close, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -45,8 +45,8 @@ def test_dataclass_argument_and_result(device):
         b = Batch(torch.randn(8, device=device), 2.0)
         r = g(b)
         assert type(r) is Result and r.note == "ok"
-        torch.testing.assert_close(r.y, b.x * 2.0)
-        torch.testing.assert_close(r.aux, b.x.sum())
+        assert_close(r.y, b.x * 2.0)
+        assert_close(r.aux, b.x.sum())
     assert info(device)["num_replays"] == 2
     r = g(Batch(torch.randn(8, device=device), 3.0))  # another scale: another signature
     assert len(g.signatures()) == 2
@@ -59,9 +59,9 @@ def test_registered_type_and_ordered_dict(device):
         out = g(Pair(a, b))
         assert type(out) is collections.OrderedDict and list(out) == ["s", "d"]
         assert type(out["d"]) is Pair
-        torch.testing.assert_close(out["s"], a + b)
-        torch.testing.assert_close(out["d"].a, a - b)
-        torch.testing.assert_close(out["d"].b, a)
+        assert_close(out["s"], a + b)
+        assert_close(out["d"].a, a - b)
+        assert_close(out["d"].b, a)
     assert info(device)["num_replays"] == 2
 
 

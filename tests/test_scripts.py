@@ -39,6 +39,8 @@ def test_gpu_check_rehearsal(tmp_path):
     assert "REHEARSAL" in summary and "exit status 0" in summary
     for n in range(1, 13):  # one verdict line per experiment of the third review, E1-E12
         assert f"EXP E{n} " in summary, summary
+    for key in ("G1", "G4", "G14"):  # and of the fourth's
+        assert f"EXP {key} " in summary, summary
     assert "### experiments (dry run): passed" in summary  # each stage's log tail
     assert not (out / ".tails").exists()
     (result,) = [f for f in files if f.startswith("gpu-") and f.endswith(".json")]

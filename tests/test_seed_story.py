@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
 
-from helpers import assert_invariants, info
+from helpers import assert_close, assert_invariants, info
 
 
 class Trunk(torch.nn.Module):
@@ -49,7 +50,7 @@ def test_seed_story(device, batch):
             mark_step_begin()
             h = g1(x)
             y2 = g2(h)
-            torch.testing.assert_close(y2, y2_ref)
+            assert_close(y2, y2_ref)
             assert_invariants(device)
         t = info(device)
         assert (t["num_nodes"], t["num_roots"]) == (2, 1)
@@ -61,9 +62,9 @@ def test_seed_story(device, batch):
             h = g1(x)
             h_copy = h.clone()
             y3 = g3(h)
-            torch.testing.assert_close(y3, y3_ref)
-            torch.testing.assert_close(h, h_copy)  # g1's output intact after g3's run
-            torch.testing.assert_close(h, h_ref)
+            assert_close(y3, y3_ref)
+            assert_close(h, h_copy)  # g1's output intact after g3's run
+            assert_close(h, h_ref)
             assert_invariants(device)
         t = info(device)
         assert t["num_nodes"] == 3 and t["num_roots"] == 1
@@ -78,8 +79,53 @@ def test_seed_story(device, batch):
         for _ in range(2):
             mark_step_begin()
             h = g1(x)
-            torch.testing.assert_close(g2(h), y2_ref)
+            assert_close(g2(h), y2_ref)
             mark_step_begin()
             h = g1(x)
-            torch.testing.assert_close(g3(h), y3_ref)
+            assert_close(g3(h), y3_ref)
         assert info(device)["num_nodes"] == 3
+
+
+def _copies_only(device):
+    """The seed story with functions made of copies only (a clone of a contiguous tensor is a
+    device-to-device copy): their values are real on every device, the CUDA stand-in included,
+    where kernels never run. Inputs are static (used in place) and filled by host copies."""
+    n = 1 << 20  # 4 MiB of floats: the allocator's large-block path
+    g1 = cudagraphify(lambda x: x.clone(), static_argnums=(0,))
+
+    def chain(h):
+        a = h.clone()
+        b = a.clone()
+        return b.clone()
+
+    def tail(h):
+        return h[n // 2 :].clone()  # the second half: a contiguous slice, copied
+
+    return n, g1, cudagraphify(chain), cudagraphify(tail)
+
+
+def test_seed_story_with_copies_moves_real_values(device):
+    n, g1, g2, g3 = _copies_only(device)
+    x = torch.zeros(n, device=device)
+    reserved = {}
+    with torch.no_grad():
+        # g1 -> g2 three times, g1 -> g3 three times, then the branches alternating.
+        for step, branch in enumerate([g2] * 3 + [g3] * 3 + [g2, g3, g2, g3]):
+            value = torch.arange(n, dtype=torch.float32) + step
+            x.copy_(value)  # a host-to-device copy into the static input, in place
+            mark_step_begin()
+            h = g1(x)
+            y = branch(h)
+            want = value if branch is g2 else value[n // 2 :]
+            assert torch.equal(y.cpu(), want), (step, branch)
+            assert torch.equal(h.cpu(), value), step  # g1's output is never overwritten
+            assert_invariants(device)
+            reserved[branch] = info(device)["pool"]["reserved_bytes"]
+            del y, h
+        t = info(device)
+    assert (t["num_nodes"], t["num_roots"]) == (3, 1)
+    assert t["num_replays"] >= 12 and t["num_checkpoints"] >= 2
+    # One pool for both paths: the second branch fits in what the first one reserved.
+    assert reserved[g3] == reserved[g2], reserved
+    graphtrees.reset()
+    assert info(device)["pool"]["reserved_bytes"] == 0

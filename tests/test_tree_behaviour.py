@@ -15,6 +15,7 @@ import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
 
 from helpers import (
+    assert_close,
     assert_invariants,
     assert_overwritten,
     info,
@@ -37,7 +38,7 @@ def test_warmup_record_replay_counts(device):
     for _ in range(4):
         before = dict(info(device))
         out = g(x, y)
-        torch.testing.assert_close(out, x * y + 1)
+        assert_close(out, x * y + 1)
         after = info(device)
         for k in ("num_warmups", "num_recordings", "num_replays"):
             if after[k] > before.get(k, 0):
@@ -52,8 +53,8 @@ def test_replay_sees_new_input_values(device):
     for _i in range(5):
         x = torch.randn(16, 16, device=device)
         a, b = g(x)
-        torch.testing.assert_close(a, x.sin() * 2)
-        torch.testing.assert_close(b, x.cos())
+        assert_close(a, x.sin() * 2)
+        assert_close(b, x.cos())
     assert info(device)["num_replays"] == 3
 
 
@@ -67,11 +68,11 @@ def test_result_structure_is_preserved(device):
         bias = torch.ones(4, device=device)
         out = g({"a": a, "b": b}, 2.0, bias=bias)
         assert set(out) == {"sum", "pair", "k"}
-        torch.testing.assert_close(out["sum"], a + b)
-        torch.testing.assert_close(out["pair"][0], a * 2.0)
+        assert_close(out["sum"], a + b)
+        assert_close(out["pair"][0], a * 2.0)
         assert out["pair"][1] is None
         assert out["k"][1:] == [3, "s"]
-        torch.testing.assert_close(out["k"][0], bias)
+        assert_close(out["k"][0], bias)
 
 
 def test_namedtuple_arguments_and_results(device):
@@ -83,7 +84,7 @@ def test_namedtuple_arguments_and_results(device):
         p = Pair(torch.randn(3, device=device), torch.randn(3, device=device))
         out = g(p)
         assert isinstance(out, Pair)
-        torch.testing.assert_close(out.left, p.left + p.right)
+        assert_close(out.left, p.left + p.right)
 
 
 def test_new_signature_is_a_new_function(device):
@@ -93,7 +94,7 @@ def test_new_signature_is_a_new_function(device):
     for n in (2, 3):
         x = torch.randn(n, device=device)
         for _ in range(3):
-            torch.testing.assert_close(g(n, x), x * n)
+            assert_close(g(n, x), x * n)
     t = info(device)
     assert (t["num_warmups"], t["num_recordings"], t["num_replays"]) == (2, 2, 2)
     assert t["num_roots"] == 2
@@ -111,8 +112,8 @@ def test_decorator_forms(device):
 
     x = torch.zeros(2, device=device)
     for _ in range(4):
-        torch.testing.assert_close(a(x), x + 1)
-        torch.testing.assert_close(b(x), x + 2)
+        assert_close(a(x), x + 1)
+        assert_close(b(x), x + 2)
     assert a.__name__ == "a" and b.__wrapped__.__name__ == "b"
     (sig,) = b.signatures()
     assert sig["name"].endswith("b") and sig["warmups"] == 2
@@ -126,17 +127,17 @@ def test_module_parameters_are_static_and_used_in_place(device):
     g = cudagraphify(m)
     x = torch.randn(5, 8, device=device)
     for _ in range(3):
-        torch.testing.assert_close(g(x), m(x))
+        assert_close(g(x), m(x))
     # In-place parameter update: the graph reads the parameters in place.
     m[0].weight.add_(0.5)
-    torch.testing.assert_close(g(x), m(x))
+    assert_close(g(x), m(x))
     assert info(device)["num_rerecords"] == 0
     # A replaced parameter (new address) records again; the old parameter is gone, so its
     # recording could never replay and is replaced (Note [Recordings that can never replay]).
     recordings = info(device)["num_recordings"]
     m[2].weight = torch.nn.Parameter(torch.randn(4, 16, device=device))
-    torch.testing.assert_close(g(x), m(x))
-    torch.testing.assert_close(g(x), m(x))
+    assert_close(g(x), m(x))
+    assert_close(g(x), m(x))
     t = info(device)
     assert t["num_recordings"] == recordings + 1 and t["num_nodes"] == 1
     assert t["num_rerecords"] == 0
@@ -147,12 +148,12 @@ def test_static_argnums_address_change_rerecords_then_falls_back(device, tree_lo
     x = torch.randn(3, 4, device=device)
     w = torch.randn(4, 4, device=device)
     for _ in range(3):
-        torch.testing.assert_close(g(w, x), x @ w)
+        assert_close(g(w, x), x @ w)
     kept = [w]  # each old weight stays alive: real churn, counted (one that died is replaced)
     for _i in range(4):
         w = torch.randn(4, 4, device=device)  # new address each time
         kept.append(w)
-        torch.testing.assert_close(g(w, x), x @ w)
+        assert_close(g(w, x), x @ w)
     t = info(device)
     assert t["num_rerecords"] == 2  # the third address change exceeds the limit: eager
     assert t["num_fallbacks"] >= 1
@@ -171,7 +172,7 @@ def test_output_aliasing_input(device):
         out_1, out_2 = g(inp)
         assert out_1.untyped_storage()._cdata == out_2.untyped_storage()._cdata
         assert out_1.untyped_storage()._cdata == inp.untyped_storage()._cdata
-        torch.testing.assert_close(out_2, inp[0])
+        assert_close(out_2, inp[0])
         del out_1, out_2
         assert info(device)["live_outputs"] == 0
 
@@ -205,7 +206,7 @@ def test_outputs_sharing_storage(device):
     h(x1)
     assert info(device)["num_checkpoints"] == 2
     assert x1.untyped_storage().data_ptr() == x2.untyped_storage().data_ptr()
-    torch.testing.assert_close(x1, inp[0] * 2)
+    assert_close(x1, inp[0] * 2)
     assert pool_allocated_blocks(device) == 1  # x1/x2's one block; h's output died
     del x1
     assert pool_allocated_blocks(device) == 1
@@ -232,7 +233,7 @@ def test_tensor_dies_between_checkpoint(device):
     assert info(device)["num_checkpoints"] == 1
     x = h(out1)  # h's recording: checkpoint 2 frees out2/out3's shared block
     assert info(device)["num_checkpoints"] == 2
-    torch.testing.assert_close(x, (inp + 1) ** 3)
+    assert_close(x, (inp + 1) ** 3)
     assert pool_allocated_blocks(device) == 2  # out1 and x
     del x
     assert pool_allocated_blocks(device) == 1
@@ -253,7 +254,7 @@ def test_tensor_no_longer_in_pool_rerecords(device):
     assert info(device)["num_checkpoints"] == 0
     x1, x2 = g(inp)
     out = h(torch.zeros_like(x1))
-    torch.testing.assert_close(out, torch.zeros_like(x1))
+    assert_close(out, torch.zeros_like(x1))
     t = info(device)
     assert t["num_checkpoints"] == 1
     assert t["num_rerecords"] == 1
@@ -261,6 +262,7 @@ def test_tensor_no_longer_in_pool_rerecords(device):
     assert len(root["children"]) == 2
 
 
+@pytest.mark.needs_kernels("the step branches on a value computed on the device (.item() > 0)")
 def test_live_outputs_over_several_graphs_checkpoint_counts(device):
     # Port of test_live_outputs_multiple_graphs: three functions on one path, the third only on
     # some inputs; warming it up and then recording it each restore the pool once.
@@ -279,7 +281,7 @@ def test_live_outputs_over_several_graphs_checkpoint_counts(device):
     assert info(device)["num_checkpoints"] == 0
     for _ in range(2):
         out = step(torch.ones(5, device=device))
-        torch.testing.assert_close(out, torch.full((5,), 5.0, device=device))
+        assert_close(out, torch.full((5,), 5.0, device=device))
     assert pool_allocated_blocks(device) == 1
     del out
     assert pool_allocated_blocks(device) == 0
@@ -300,7 +302,7 @@ def test_chained_calls_of_one_function_in_a_step(device):
     x = torch.rand(4, 4, device=device)
     ref = x**3 + x**9
     for _ in range(4):
-        torch.testing.assert_close(step(x), ref)
+        assert_close(step(x), ref)
     t = info(device)
     assert t["num_roots"] == 1 and t["num_nodes"] == 3
     (root,) = [n for n in t["nodes"] if n["parent"] is None]
@@ -332,7 +334,7 @@ def test_mark_step_starts_from_root(device):
     out = g(torch.rand(4, 4, device=device))
     assert info(device)["num_recordings"] == 1
     assert info(device)["num_roots"] == 1
-    torch.testing.assert_close(out, out)  # the newest output is valid
+    assert_close(out, out)  # the newest output is valid
 
 
 def test_error_on_use_after_overwrite(device):
@@ -345,13 +347,13 @@ def test_error_on_use_after_overwrite(device):
     assert_overwritten(out)
     out2 = g(inp)  # replay: overwrites the recording's output
     assert_overwritten(detached)
-    torch.testing.assert_close(out2, inp**3)
+    assert_close(out2, inp**3)
     out3 = g(inp)  # replay after replay of the same node
     assert_overwritten(out2)
-    torch.testing.assert_close(out3, inp**3)
+    assert_close(out3, inp**3)
     keep = out3.clone()
     g(inp)
-    torch.testing.assert_close(keep, inp**3)
+    assert_close(keep, inp**3)
     assert info(device)["num_invalidations"] >= 3
 
 
@@ -379,9 +381,9 @@ def test_outputs_not_overwritten_stay_valid(device):
             a = g1(x)
             b = branch(a)
             c = g3(b) if branch is g2 else g2(b)
-            torch.testing.assert_close(a, x.exp())
-            torch.testing.assert_close(b, branch.__wrapped__(x.exp()))
-            torch.testing.assert_close(c, (g3 if branch is g2 else g2).__wrapped__(b))
+            assert_close(a, x.exp())
+            assert_close(b, branch.__wrapped__(x.exp()))
+            assert_close(c, (g3 if branch is g2 else g2).__wrapped__(b))
             assert_invariants(device)
 
 
@@ -405,7 +407,7 @@ def test_exception_in_warmup_and_recording_leaves_tree_intact(device):
     t = info(device)
     assert t["pool"]["allocated_blocks"] == 0 and t["num_warmups"] == 0
     state["fail"] = False
-    torch.testing.assert_close(g(x), x * 2 + 1)  # warmup
+    assert_close(g(x), x * 2 + 1)  # warmup
     state["fail"] = True
     with pytest.raises(Boom):
         g(x)  # recording fails
@@ -414,7 +416,7 @@ def test_exception_in_warmup_and_recording_leaves_tree_intact(device):
     assert_invariants(device)
     state["fail"] = False
     for _ in range(3):
-        torch.testing.assert_close(g(x), x * 2 + 1)
+        assert_close(g(x), x * 2 + 1)
     assert info(device)["num_nodes"] == 1
 
 
@@ -445,7 +447,7 @@ def test_inputs_on_several_devices_fall_back(tree_logs):
     else:
         g = cudagraphify(lambda a, b: a.cpu() + b)
         out = g(torch.ones(2, device="cuda"), torch.ones(2))
-        torch.testing.assert_close(out, torch.full((2,), 2.0))
+        assert_close(out, torch.full((2,), 2.0))
         assert "several devices" in tree_logs.text
 
 
@@ -455,10 +457,10 @@ def test_unsupported_arguments_fall_back(device, tree_logs):
 
     g = cudagraphify(lambda x, o: x + 1)
     x = torch.ones(3, device=device)
-    torch.testing.assert_close(g(x, Opaque()), x + 1)
+    assert_close(g(x, Opaque()), x + 1)
     assert "unhashable type 'Opaque'" in tree_logs.text
     h = cudagraphify(lambda: torch.ones(2))
-    torch.testing.assert_close(h(), torch.ones(2))
+    assert_close(h(), torch.ones(2))
     assert "no tensor arguments" in tree_logs.text
 
 
@@ -471,8 +473,8 @@ def test_inplace_mutation_of_copied_input_falls_back(device, tree_logs):
     x = torch.zeros(4, device=device)
     for i in range(4):
         out = g(x)
-        torch.testing.assert_close(x, torch.full((4,), float(i + 1), device=device))
-        torch.testing.assert_close(out, x * 2)
+        assert_close(x, torch.full((4,), float(i + 1), device=device))
+        assert_close(out, x * 2)
     assert "mutates its input tensor #0 in place" in tree_logs.text
     assert info(device)["num_nodes"] == 0
 
@@ -496,8 +498,8 @@ def test_inplace_mutation_of_an_inference_tensor_is_detected(device, tree_logs, 
         for _ in range(4):
             out = g(x)
             f(expected)
-            torch.testing.assert_close(x, expected)
-            torch.testing.assert_close(out, expected * 2)
+            assert_close(x, expected)
+            assert_close(out, expected * 2)
     assert "mutates its input tensor #0 in place" in tree_logs.text
     assert info(device)["num_nodes"] == 0
 
@@ -512,8 +514,8 @@ def test_inplace_mutation_of_static_input_is_graphed(device):
     x = torch.ones(4, device=device)
     for _i in range(5):
         out = g(buf, x)
-    torch.testing.assert_close(buf, torch.full((4,), 5.0, device=device))
-    torch.testing.assert_close(out, buf)
+    assert_close(buf, torch.full((4,), 5.0, device=device))
+    assert_close(out, buf)
     assert info(device)["num_replays"] == 3
 
 
@@ -542,7 +544,7 @@ def test_unsupported_result_type_runs_eagerly_with_the_reason(device, tree_logs)
     x = torch.ones(3, device=device)
     for _ in range(4):
         out = g(x)
-        torch.testing.assert_close(out["sum"], x + 1)
+        assert_close(out["sum"], x + 1)
         assert out["kinds"] == {1, 2}
     (sig,) = g.signatures()
     assert "returned a value of type 'set'" in sig["eager_reason"]
@@ -556,8 +558,23 @@ def test_nested_graphed_calls_run_inside_the_outer_run(device):
     outer = cudagraphify(lambda x: inner(x) + 1)
     x = torch.rand(4, device=device)
     for _ in range(4):
-        torch.testing.assert_close(outer(x), x * 3 + 1)
+        assert_close(outer(x), x * 3 + 1)
     assert info(device)["num_nodes"] == 1
+
+
+def test_a_verified_replay_runs_nested_graphed_calls_eagerly(device):
+    # Review 4, #6: the verifier's eager run was outside the call-depth guard, so the nested
+    # call became a top-level call of the locked tree: recorded under the outer node, advancing
+    # the path, its replays free to overwrite memory.
+    inner = cudagraphify(lambda x: x * 2)
+    outer = cudagraphify(lambda x: inner(x) + 1, verify=True)
+    x = torch.ones(8, device=device)
+    for _ in range(5):
+        assert_close(outer(x), x * 2 + 1)
+    t = info(device)
+    assert [n["function"] for n in t["nodes"]] == [n["function"] for n in t["nodes"][:1]]
+    assert t["num_nodes"] == 1 and t["num_replays"] == 3
+    assert inner.signatures() == [] or all(s["warmups"] == 0 for s in inner.signatures())
 
 
 def test_method_decorator(device):
@@ -572,7 +589,7 @@ def test_method_decorator(device):
     m = Model()
     x = torch.ones(2, device=device)
     for _ in range(3):
-        torch.testing.assert_close(m.forward(x), x * 3)
+        assert_close(m.forward(x), x * 3)
 
 
 def test_reset_invalidates_live_outputs_and_frees_the_pool(device):
@@ -587,7 +604,7 @@ def test_reset_invalidates_live_outputs_and_frees_the_pool(device):
     assert_overwritten_or_freed(out)
     # The wrapper works again: warmup, record, replay.
     for _ in range(3):
-        torch.testing.assert_close(g(x), x + 1)
+        assert_close(g(x), x + 1)
     assert info(device)["num_recordings"] == 1
 
 
@@ -689,9 +706,9 @@ def test_threads_have_their_own_trees_and_steps(device):
                     graphtrees.mark_step_begin()
                     x = torch.rand(8, generator=gen).to(device)
                     y = g(x)
-                    torch.testing.assert_close(y, x * 2 + 1)  # read while others run
-                    torch.testing.assert_close(h(y), x * 2)
-                    torch.testing.assert_close(y, x * 2 + 1)
+                    assert_close(y, x * 2 + 1)  # read while others run
+                    assert_close(h(y), x * 2)
+                    assert_close(y, x * 2 + 1)
                 trees[seed] = info(device)
                 assert_invariants(device)
         except Exception as e:  # noqa: BLE001 - reported below
@@ -708,9 +725,7 @@ def test_threads_have_their_own_trees_and_steps(device):
         assert {k: t[k] for k in keys} == {k: alone[k] for k in keys}
     assert alone["num_replays"] == 36
     assert info(device)["num_nodes"] == 0  # the main thread's tree is its own
-    torch.testing.assert_close(
-        g(torch.ones(8, device=device)), torch.full((8,), 3.0, device=device)
-    )
+    assert_close(g(torch.ones(8, device=device)), torch.full((8,), 3.0, device=device))
 
 
 def test_trees_of_exited_threads_are_freed_once_their_outputs_die(device):
@@ -730,7 +745,7 @@ def test_trees_of_exited_threads_are_freed_once_their_outputs_die(device):
     t.join()
     # The thread is gone; its outputs stay valid while the main thread holds them.
     for y in kept:
-        torch.testing.assert_close(y, torch.full((4,), 2.0, device=device))
+        assert_close(y, torch.full((4,), 2.0, device=device))
     del y
     kept.clear()
     gc.collect()
@@ -739,9 +754,7 @@ def test_trees_of_exited_threads_are_freed_once_their_outputs_die(device):
     f = cudagraphify(lambda x: x * 3)
     pools = graphtrees._ext.get_ext()._cpu_pool_totals
     for _ in range(500):
-        torch.testing.assert_close(
-            f(torch.ones(4, device=device)), torch.full((4,), 3.0, device=device)
-        )
+        assert_close(f(torch.ones(4, device=device)), torch.full((4,), 3.0, device=device))
         if device != "cpu" or pools()[0] == 1:
             break
         time.sleep(0.01)
@@ -783,7 +796,7 @@ def test_backward_on_another_thread_runs_in_its_forwards_tree(device):
         ref_opt.step()
     assert errors == []
     for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q)
+        assert_close(p, q)
     t = info(device)
     kinds = sorted(n["function"].split(" ")[0] for n in t["nodes"])
     assert t["num_nodes"] == 2 and t["num_replays"] >= 4, kinds  # forward and backward
@@ -805,15 +818,15 @@ def test_failed_restore_records_into_a_fresh_pool(device, tree_logs):
     graphtrees._ext.get_ext()._inject_failure("restore", 1)
     h = cudagraphify(lambda a: a.exp())
     out = h(a)  # warmup after replays needs a restore, which fails
-    torch.testing.assert_close(out, (x * 2).exp())
-    torch.testing.assert_close(a, x * 2)  # the old tree's output is intact
+    assert_close(out, (x * 2).exp())
+    assert_close(a, x * 2)  # the old tree's output is intact
     t = info(device)
     assert t["retired_trees"] == 1 and t["num_nodes"] == 0
     assert tree_logs.text.count("recording into a fresh pool") == 1
     for _ in range(3):
         mark_step_begin()
         a = g1(x)
-        torch.testing.assert_close(h(a), (x * 2).exp())
+        assert_close(h(a), (x * 2).exp())
     assert info(device)["num_nodes"] == 2  # g1 and h, recorded in the new pool
     assert_invariants(device)
 
@@ -834,9 +847,9 @@ def test_output_moved_out_of_the_pool_is_left_alone(device):
         mark_step_begin()
         u = f(z)
     for _ in range(3):
-        torch.testing.assert_close(g(u), u - 1)
-    torch.testing.assert_close(y[:2], torch.full((2,), 5.0, device=device))
-    torch.testing.assert_close(z, x + 1)
+        assert_close(g(u), u - 1)
+    assert_close(y[:2], torch.full((2,), 5.0, device=device))
+    assert_close(z, x + 1)
     assert_invariants(device)
 
 
@@ -865,7 +878,7 @@ def test_concurrent_first_calls_of_a_module(device):
         try:
             with torch.no_grad():
                 for _ in range(3):
-                    torch.testing.assert_close(g(x), m(x))
+                    assert_close(g(x), m(x))
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -873,7 +886,7 @@ def test_concurrent_first_calls_of_a_module(device):
     assert errors == []
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(g(x), m(x))
+            assert_close(g(x), m(x))
 
 
 def test_pytorch_mark_step_begin_marks_a_step_for_graphtrees(device):
@@ -889,7 +902,7 @@ def test_pytorch_mark_step_begin_marks_a_step_for_graphtrees(device):
     a = f(x)
     g1 = info(device)["generation"]
     torch.compiler.cudagraph_mark_step_begin()
-    torch.testing.assert_close(h(a), x * 2 + 1)
+    assert_close(h(a), x * 2 + 1)
     assert info(device)["generation"] == g1 + 1
 
 
@@ -918,7 +931,7 @@ def test_odd_inputs_run_eagerly_with_a_clear_reason(kind, tree_logs):
     if kind == "nested":
         assert [t.tolist() for t in out.unbind()] == [[2.0, 2.0], [2.0, 2.0, 2.0]]
     elif kind != "meta":
-        torch.testing.assert_close(out.to_dense(), (x * 2).to_dense())
+        assert_close(out.to_dense(), (x * 2).to_dense())
     assert tree_logs.text.count(want) == 1  # logged once
     if kind != "meta":
         assert info("cpu")["num_fallbacks"] == 3
@@ -932,7 +945,7 @@ def test_recordings_whose_static_inputs_died_are_replaced_not_counted(device, tr
     for _ in range(12):
         buf = torch.zeros(16, device=device)  # the previous one dies here
         for k in range(1, 4):
-            torch.testing.assert_close(g(buf, x), torch.full((16,), 2.0 * k, device=device))
+            assert_close(g(buf, x), torch.full((16,), 2.0 * k, device=device))
     t = info(device)
     assert g.signatures()[0]["eager_reason"] is None
     assert t["num_rerecords"] == 0 and t["num_nodes"] == 1 and t["num_replays"] >= 12
@@ -945,3 +958,20 @@ def test_recordings_whose_static_inputs_died_are_replaced_not_counted(device, tr
     assert info(device)["num_rerecords"] == 2
     assert "rerecord_limit=2" in g.signatures()[0]["eager_reason"]
     assert_invariants(device)
+
+
+def test_an_output_that_is_its_managed_input_keeps_the_producers_output_valid(device):
+    # Found on the CUDA stand-in: an output that is the input itself (AOTAutograd's forward
+    # returns the inputs it saves for the backward) counted as memory the recording wrote, so each
+    # replay of g2 invalidated g1's output, which g2 never writes.
+    g1 = cudagraphify(lambda x: x * 2)
+    g2 = cudagraphify(lambda h: (h, h + 1))
+    x = torch.ones(64, device=device)
+    for _ in range(4):
+        mark_step_begin()
+        h = g1(x)
+        same, plus = g2(h)
+        assert same.untyped_storage()._cdata == h.untyped_storage()._cdata
+        assert_close(h, x * 2)  # readable: not overwritten by g2's replay
+        assert_close(plus, x * 2 + 1)
+    assert info(device)["num_replays"] >= 4

@@ -3,9 +3,11 @@
 #include "FailureInjection.h"
 #include "Logging.h"
 #include "PythonHooks.h"
+#include "ThreadState.h"
 #include "cuda/CudaGraph.h"
 #include "cuda/DeviceLock.h"
 #include "cuda/MemoryLimit.h"
+#include "cuda/PoolLayout.h"
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/Tensor.h>
@@ -18,7 +20,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <set>
 #include <thread>
 #include <unordered_set>
 #include <utility>
@@ -48,10 +49,6 @@ class CudaCheckpoint final : public Checkpoint {
   std::vector<uintptr_t> segments_;  // base addresses: a restore needs each of them to exist
 };
 
-bool samePool(const c10::cuda::MempoolId_t& a, const c10::cuda::MempoolId_t& b) {
-  return a.first == b.first && a.second == b.second;
-}
-
 // Runs `f`, keeping the first error's message in `*error` instead of throwing.
 template <typename F>
 void collectError(std::string* error, const char* what, F&& f) {
@@ -62,6 +59,12 @@ void collectError(std::string* error, const char* what, F&& f) {
   } catch (const std::exception& e) {
     if (error->empty()) *error = std::string(what) + ": " + e.what();
   }
+}
+
+// A message without c10's C++ stack trace (TORCH_SHOW_CPP_STACKTRACES=1 appends one to what()).
+std::string messageOf(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
 }
 
 std::string messageOf(const std::exception_ptr& error) {
@@ -80,12 +83,20 @@ at::HostAllocator* hostAllocator() {
   return at::getHostAllocator(at::kCUDA);
 }
 
+cudaStream_t createStream(c10::DeviceIndex device) {
+  c10::cuda::CUDAGuard guard(device);
+  cudaStream_t s = nullptr;
+  C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(c10::Device device)
     : device_(device),
       pool_(at::cuda::graph_pool_handle()),
-      stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())),
+      own_stream_(createStream(device.index())),
+      stream_(c10::cuda::getStreamFromExternal(own_stream_, device.index())),
       limit_(device.index()) {
   c10::cuda::CUDAGuard guard(device_.index());
   // The tree holds one reference to its pool for its whole life, in both allocators. The host
@@ -109,7 +120,19 @@ CudaBackend::~CudaBackend() {
   try {
     releasePool();
   } catch (const std::exception& e) {
-    logMessage(LogLevel::kWarning, std::string("releasing the CUDA pool failed: ") + e.what());
+    logMessage(LogLevel::kWarning, std::string("releasing the CUDA pool failed: ") + messageOf(e));
+  }
+  c10::cuda::CUDAGuard guard(device_.index());
+  if (cudaStreamSynchronize(own_stream_) != cudaSuccess ||
+      cudaStreamDestroy(own_stream_) != cudaSuccess) {
+    (void)cudaGetLastError();  // an asynchronous error surfaced by releasePool() already
+  }
+}
+
+void CudaBackend::noteStream(cudaStream_t s) {
+  if (s != own_stream_ &&
+      std::find(replay_streams_.begin(), replay_streams_.end(), s) == replay_streams_.end()) {
+    replay_streams_.push_back(s);
   }
 }
 
@@ -200,6 +223,7 @@ void CudaBackend::beginAllocateToPool() {
   // made with a bare "cuda" device land in this pool.
   routing_device_.set_index(device_.index());
   saved_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
+  noteStream(saved_stream_->stream());  // the caller reads the outputs there
   c10::cuda::setCurrentCUDAStream(stream_);
 }
 
@@ -251,7 +275,8 @@ void CudaBackend::endAllocateToPool() {
 // generators out of capture mode (Note [Generators and captures] in CudaGraph.cpp), destroys the
 // graph, ends both routings (an error saying they were already ended, as torch 2.14 does itself, is
 // ignored), brings the device pool's use count back to what it was before capture_begin(), and on
-// torch < 2.14 releases the host pool's reference.
+// torch < 2.14 releases the host pool's reference -- unless capture_end() had marked the capture
+// ended (an instantiation that failed), in which case the graph's reset released it.
 void CudaBackend::abandonCapture(std::unique_ptr<TreeGraph> graph, int uses_before,
                                  bool host_routed) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -263,21 +288,26 @@ void CudaBackend::abandonCapture(std::unique_ptr<TreeGraph> graph, int uses_befo
   }
   (void)cudaGetLastError();  // the capture error is not sticky; do not leave it for others
   graph->leaveGeneratorCaptures();
-  graph.reset();
+  // torch 2.11 marks a capture ended before it instantiates the graph: a graph whose
+  // instantiation failed then releases the host pool itself when it is reset (review 4, #5).
+  const bool graph_releases_host_pool = graph->captureEnded();
+  // Both routings end before the graph goes: their filters read the graph (review 4, #9).
   std::string ignored;
   collectError(&ignored, "", [&] { CCA::endAllocateToPool(device_.index(), pool_); });
   collectError(&ignored, "", [&] { hostAllocator()->end_allocate_to_pool(pool_); });
+  graph.reset();
   int uses = uses_before;
   collectError(&ignored, "", [&] { uses = CCA::getPoolUseCount(device_.index(), pool_); });
   for (; uses > uses_before; --uses) {
     collectError(&ignored, "", [&] { CCA::releasePool(device_.index(), pool_); });
   }
 #if !GRAPHTREES_CAPTURE_END_CLEANS_UP
-  if (host_routed) {
+  if (host_routed && !graph_releases_host_pool) {
     collectError(&ignored, "", [&] { hostAllocator()->release_pool(pool_); });
   }
 #else
   (void)host_routed;
+  (void)graph_releases_host_pool;
 #endif
   collectError(&ignored, "", [] { at::cuda::clearCublasWorkspaces(); });
   collectError(&ignored, "", [&] { refreshSegments(); });
@@ -289,16 +319,11 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
   const std::string& function_name = spec.function_name;
   DeviceLock lock(device_.index());  // Note [One allocation phase per device]
   c10::cuda::CUDAGuard guard(device_.index());
+  noteStream(c10::cuda::getCurrentCUDAStream(device_.index()).stream());
   syncPoolStreams();
   at::cuda::clearCublasWorkspaces();
-  // Blocks allocated before the capture: only those still allocated, at the same place and size,
-  // after it (and not holding an output) are outside the capture's footprint.
-  std::set<std::pair<uintptr_t, size_t>> allocated_before;
-  for (const auto& seg : poolLayout()) {
-    for (const auto& b : seg.second) {
-      if (b.allocated) allocated_before.emplace(b.ptr, b.size);
-    }
-  }
+  // Blocks allocated before the capture (PoolLayout::footprintSince).
+  const auto allocated_before = layout().allocated();
   const int uses_before = CCA::getPoolUseCount(device_.index(), pool_);
   auto graph = std::make_unique<TreeGraph>();
   graph->registerGenerators(spec.generators, device_.index());  // Note [Generators and captures]
@@ -309,6 +334,8 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     // Note [Memory budget] in Backend.h: the cap holds while the capture allocates.
     MemoryLimit::Scope limit_scope(limit_);
     limit_.apply(stats().reserved_bytes);
+    // Note [Random numbers while a graph is captured] in DeviceLock.h.
+    CaptureGate gate(device_.index(), /*exclusive=*/true);
     try {
       graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
     } catch (const c10::OutOfMemoryError&) {
@@ -316,12 +343,13 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
       abandonCapture(std::move(graph), uses_before, /*host_routed=*/false);
       throw;
     } catch (const std::exception& e) {
-      const std::string why = e.what();
+      const std::string why = messageOf(e);
       abandonCapture(std::move(graph), uses_before, /*host_routed=*/false);
       throw CaptureRejected("starting the CUDA graph capture failed: " + why);
     }
     bool injected = false;
     try {
+      DeviceCaptureScope no_frees;  // Note [Freeing during a capture] in ThreadState.h
       *outputs = run(inputs);
       if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
         // A real invalidation: querying a capturing stream is forbidden during a capture.
@@ -355,7 +383,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
       graph->capture_end();
     } catch (const std::exception& e) {
       ended = false;
-      if (rejected.empty()) rejected = user_error ? messageOf(user_error) : e.what();
+      if (rejected.empty()) rejected = user_error ? messageOf(user_error) : messageOf(e);
     }
     if (ended && rejected.empty() && user_error) {
       // An error with the capture intact (a check torch makes before any CUDA call): the graph
@@ -384,34 +412,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
   syncPoolStreams();
   at::cuda::clearCublasWorkspaces();
   refreshSegments();
-  // Footprint: the pool's segments minus the blocks that the capture cannot have written.
-  std::vector<Interval> output_ranges;
-  for (const auto& o : *outputs) {
-    const auto begin = reinterpret_cast<uintptr_t>(o.storage().data());
-    if (begin != 0) output_ranges.push_back({begin, begin + o.storage().nbytes()});
-  }
-  std::vector<Interval> protected_blocks;
-  for (const auto& seg : poolLayout()) {
-    for (const auto& b : seg.second) {
-      if (!b.allocated || !allocated_before.count({b.ptr, b.size})) continue;
-      const bool holds_output =
-          std::any_of(output_ranges.begin(), output_ranges.end(),
-                      [&](const Interval& r) { return r.begin < b.ptr + b.size && r.end > b.ptr; });
-      if (!holds_output) protected_blocks.push_back({b.ptr, b.ptr + b.size});
-    }
-  }
-  mergeIntervals(&protected_blocks);
-  std::vector<Interval> footprint;
-  for (const auto& seg : segments_) {
-    uintptr_t cursor = seg.begin;
-    for (const auto& p : protected_blocks) {
-      if (p.end <= seg.begin || p.begin >= seg.end) continue;
-      if (p.begin > cursor) footprint.push_back({cursor, p.begin});
-      cursor = std::max(cursor, p.end);
-    }
-    if (cursor < seg.end) footprint.push_back({cursor, seg.end});
-  }
-  mergeIntervals(&footprint);
+  std::vector<Interval> footprint = layout().footprintSince(allocated_before, inputs, *outputs);
   return std::make_unique<CudaGraph>(std::move(graph), std::move(footprint), device_.index(),
                                      &replay_streams_);
 }
@@ -428,12 +429,16 @@ std::shared_ptr<Checkpoint> CudaBackend::checkpoint() {
   c10::cuda::CUDAGuard guard(device_.index());
   syncPoolStreams();
   // c10 refuses to checkpoint a block with pending events (a record_stream() on a pool tensor);
-  // an allocation made with no routing active processes the completed ones.
-  CCA::raw_delete(CCA::raw_alloc(1));
+  // an allocation made with no routing active processes the completed ones. It is only needed
+  // when events are pending, so a device too full for it skips it (review 4, #15).
+  try {
+    CCA::raw_delete(CCA::raw_alloc(1));
+  } catch (const c10::OutOfMemoryError&) {
+  }
   TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kCheckpoint),
               "graphtrees: injected failure while checkpointing the CUDA pool");
   std::vector<uintptr_t> bases;
-  for (const auto& seg : poolLayout()) bases.push_back(seg.first.begin);
+  for (const auto& seg : layout().segments()) bases.push_back(seg.range.begin);
   return std::make_shared<CudaCheckpoint>(CCA::getCheckpointState(device_.index(), pool_),
                                           std::move(bases));
 }
@@ -449,12 +454,15 @@ int64_t CudaBackend::refusedBytes() const {
 // Note [Memory budget on CUDA]
 // c10 returns a private pool's segments to the device only once the pool is "freeable" (nothing
 // holds it: emptyCache(pool) walks those pools only). A live tree holds its pool, and so does every
-// graph, so no segment of a live pool can be given back: under a budget, evicting recordings
-// makes room inside the pool (their outputs' blocks and checkpoints' layouts become reusable) but
-// not on the device. The budget therefore caps the pool's growth; the tree evicts one recording
-// per out-of-memory error (returnsSegments()), and a failed warmup or capture is tried once more
-// after freeCachedMemory() gave the default pool's cached blocks back, which c10 does not do by
-// itself while a pool is routed.
+// graph, so no segment of a live pool can be given back. Nor does evicting a recording make room
+// inside the pool: in c10's view a node owns no block (its placeholders are non-owning views after
+// the recording, its temporaries are free at its checkpoint, replayed outputs own nothing), so
+// what eviction would free is free already (review 4, #4: on the stand-in, every out-of-memory
+// call evicted one more recording and the pool's bytes never moved). The budget therefore caps
+// the pool's growth, and a function that meets it runs eagerly, without eviction or retry,
+// until the budget changes (returnsSegments() is false; Note [Out of memory] in TreeManager.h).
+// Without a budget, a failed warmup or capture is tried once more after freeCachedMemory() gave
+// the default pool's cached blocks back, which c10 does not do by itself while a pool is routed.
 int64_t CudaBackend::releaseFreeSegments(const std::vector<const Checkpoint*>& /*keep*/) {
   return 0;
 }
@@ -482,7 +490,7 @@ RestoreResult CudaBackend::restore(const Checkpoint& checkpoint) {
   try {
     syncPoolStreams();  // setCheckpointPoolState needs every block's events done
   } catch (const std::exception& e) {
-    throw RestoreError(std::string("synchronize: ") + e.what(), /*pool_unchanged=*/true);
+    throw RestoreError(std::string("synchronize: ") + messageOf(e), /*pool_unchanged=*/true);
   }
   if (consumeInjectedFailure(FailurePoint::kBackendRestore)) {
     throw RestoreError("injected failure before the restore changed the CUDA pool",
@@ -496,7 +504,7 @@ RestoreResult CudaBackend::restore(const Checkpoint& checkpoint) {
     // way leaves blocks that no DataPtr will ever free (Note [Failed restores] in TreeManager).
     poisoned_ = true;
     refreshSegments();
-    throw RestoreError(e.what(), /*pool_unchanged=*/false);
+    throw RestoreError(messageOf(e), /*pool_unchanged=*/false);
   }
   RestoreResult r;
   r.ptrs_freed = std::move(delta.ptrs_freed);
@@ -524,54 +532,21 @@ bool CudaBackend::checkLiveAllocations(const std::unordered_set<void*>& expected
   return CCA::checkPoolLiveAllocations(device_.index(), pool_, expected);
 }
 
-std::vector<std::pair<Interval, std::vector<CudaBackend::Block>>> CudaBackend::poolLayout() const {
-  std::vector<std::pair<Interval, std::vector<Block>>> out;
-  const CCA::SnapshotInfo snap = CCA::snapshot(pool_, /*include_traces=*/false);
-  for (const auto& seg : snap.segments) {
-    if (seg.device != device_.index() || !samePool(seg.owner_private_pool_id, pool_)) continue;
-    std::vector<Block> blocks;
-    uintptr_t addr = seg.address;
-    for (const auto& b : seg.blocks) {
-      blocks.push_back({addr, b.size, b.allocated});
-      addr += b.size;
-    }
-    out.push_back({{seg.address, seg.address + seg.total_size}, std::move(blocks)});
-  }
-  return out;
+PoolLayout CudaBackend::layout() const {
+  return PoolLayout::of(device_.index(), pool_);
 }
 
 void CudaBackend::refreshSegments() {
   segments_.clear();
-  if (!pool_alive_) return;
-  for (const auto& seg : poolLayout()) segments_.push_back(seg.first);
-  mergeIntervals(&segments_);
+  if (pool_alive_) segments_ = layout().ranges();
 }
 
 std::vector<void*> CudaBackend::allocatedBlocks() {
-  std::vector<void*> out;
-  for (const auto& seg : poolLayout()) {
-    for (const auto& b : seg.second) {
-      if (b.allocated) out.push_back(reinterpret_cast<void*>(b.ptr));
-    }
-  }
-  return out;
+  return layout().allocatedBlocks();
 }
 
 PoolStats CudaBackend::stats() {
-  PoolStats s;
-  if (!pool_alive_) return s;
-  for (const auto& seg : poolLayout()) {
-    s.segments += 1;
-    s.reserved_bytes += static_cast<int64_t>(seg.first.end - seg.first.begin);
-    for (const auto& b : seg.second) {
-      s.blocks += 1;
-      if (b.allocated) {
-        s.allocated_blocks += 1;
-        s.allocated_bytes += static_cast<int64_t>(b.size);
-      }
-    }
-  }
-  return s;
+  return pool_alive_ ? layout().stats() : PoolStats();
 }
 
 std::string cudaBackendDisabledReason() {
@@ -587,6 +562,16 @@ std::string cudaBackendDisabledReason() {
            "GRAPHTREES_CUDA=1 to use it";
   }
   return "";
+}
+
+bool cudaCurrentStreamIsCapturing(c10::Device device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaStream_t s = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
 }
 
 std::unique_ptr<Backend> makeCudaBackend(c10::Device device, std::string* why_not) {

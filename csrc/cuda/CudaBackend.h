@@ -24,6 +24,7 @@
 
 #include "Backend.h"
 #include "cuda/MemoryLimit.h"
+#include "cuda/PoolLayout.h"
 
 #include <c10/core/Device.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -69,13 +70,8 @@ class CudaBackend final : public Backend {
   bool freeCachedMemory() override;
 
  private:
-  struct Block {
-    uintptr_t ptr;
-    size_t size;
-    bool allocated;
-  };
   // The pool's segments and blocks, from the allocator's snapshot.
-  std::vector<std::pair<Interval, std::vector<Block>>> poolLayout() const;
+  PoolLayout layout() const;
   void refreshSegments();
   // Undoes a capture that failed after capture_begin(): ends a stream capture still under way,
   // takes the generators out of capture mode, un-routes both allocators and releases every pool
@@ -91,15 +87,21 @@ class CudaBackend final : public Backend {
   c10::cuda::MempoolId_t pool_;
   bool pool_alive_ = false;
   bool poisoned_ = false;  // a failed setCheckpointPoolState left the pool inconsistent
+  // The tree's own stream (review 4, #10): not one of c10's pooled streams, which
+  // torch.cuda.Stream() hands out again, so nobody else's kernels land in its captures.
+  cudaStream_t own_stream_ = nullptr;
   c10::cuda::CUDAStream stream_;
   std::optional<c10::cuda::CUDAStream> saved_stream_;  // during pool routing
   c10::cuda::OptionalCUDAGuard routing_device_;        // during pool routing
   std::vector<Interval> segments_;                     // cached for inPool()
   MemoryLimit limit_;                                  // graphtrees.set_memory_budget
   int routing_locks_ = 0;  // device locks held between begin- and endAllocateToPool
-  // The streams replays ran on (noted by the graphs, which the backend outlives; calls of one
-  // tree are serialised by its lock): syncPoolStreams() waits for them. A handful at most.
+  // The streams the pool's memory was used on: replays ran on them (noted by the graphs, which
+  // the backend outlives; calls of one tree are serialised by its lock), and warmups' and
+  // recordings' callers read their outputs on them (review 4, #8). syncPoolStreams() waits for
+  // them. A handful at most.
   std::vector<cudaStream_t> replay_streams_;
+  void noteStream(cudaStream_t s);
 };
 
 // Returns nullptr (with `why_not`) when CUDA graphs cannot be used: the allocator is not c10's
@@ -108,5 +110,7 @@ class CudaBackend final : public Backend {
 std::unique_ptr<Backend> makeCudaBackend(c10::Device device, std::string* why_not);
 // Why makeCudaBackend() would refuse, or "" when the CUDA backend is enabled.
 std::string cudaBackendDisabledReason();
+// Whether the current stream of `device` is capturing (a capture of the caller's own).
+bool cudaCurrentStreamIsCapturing(c10::Device device);
 
 }  // namespace graphtrees

@@ -17,10 +17,20 @@ namespace graphtrees {
 // at::cuda::CUDAGraph, with what graphtrees needs of its protected state (Note [Generators and
 // captures] in CudaGraph.cpp).
 struct TreeGraph : at::cuda::CUDAGraph {
-  // Registers the generators among `generators` that live on `device`; before capture_begin().
+  TreeGraph() = default;
+  // Takes out of the graph's generator map the states that never registered the graph (torch
+  // 2.11 only; Note [Generators and captures]), so that ~CUDAGraph cannot terminate the process.
+  ~TreeGraph();
+  // Registers the generators among `generators` that live on `device`, and the device's default
+  // generator; before capture_begin(), and before a memory budget lowers the fraction.
   void registerGenerators(const std::vector<at::Generator>& generators, c10::DeviceIndex device);
   // Takes the generators this graph registered out of capture mode, after a failed capture.
   void leaveGeneratorCaptures();
+  // Whether capture_end() got far enough to mark the capture ended (torch 2.11 marks it before
+  // it instantiates, so a graph whose instantiation failed is "ended" and resets both pools).
+  bool captureEnded() const { return capture_ended_; }
+  // Whether a replay advances a generator (its replay then reads the generator's state).
+  bool drawsRandomNumbers() const;
 };
 
 class CudaGraph final : public Graph {
@@ -31,7 +41,11 @@ class CudaGraph final : public Graph {
       : graph_(std::move(graph)),
         footprint_(std::move(footprint)),
         device_(device),
-        replay_streams_(replay_streams) {}
+        replay_streams_(replay_streams),
+        draws_random_numbers_(graph_->drawsRandomNumbers()) {}
+  // Destroys the graph under the device's allocation lock: ~CUDAGraph unregisters it from the
+  // generators' states, which torch 2.11 does not synchronise (review 4, #11).
+  ~CudaGraph() override;
 
   // The addresses are baked into the graph: no Python runs, inputs are already in place. On the
   // caller's current stream of the graph's device.
@@ -45,6 +59,7 @@ class CudaGraph final : public Graph {
   std::vector<Interval> footprint_;
   c10::DeviceIndex device_;
   std::vector<cudaStream_t>* replay_streams_;
+  bool draws_random_numbers_;
 };
 
 }  // namespace graphtrees

@@ -14,6 +14,8 @@
 
 #include <c10/core/Device.h>
 
+#include <shared_mutex>
+
 namespace graphtrees {
 
 // Holds `device`'s allocation lock for its lifetime. The lock is recursive (a thread may take it
@@ -32,6 +34,33 @@ class DeviceLock {
 
  private:
   c10::DeviceIndex device_;
+};
+
+// Note [Random numbers while a graph is captured]
+// On torch 2.11 a generator's state has one "capturing" flag, which capture_begin() sets on the
+// device's default generator (and on every generator registered with the graph) until
+// capture_end(): while it is set, CUDA random numbers drawn on any other thread raise "Offset
+// increment outside graph capture encountered unexpectedly" -- a replay advances its
+// generators too, so another thread's replay of a graph that draws random numbers would raise
+// (review 4, #3). The capture gate keeps the two apart: a capture holds it exclusively from
+// capture_begin() to the end of the capture, a replay of such a graph holds it shared (replays
+// still run side by side). Waited for with the GIL released. torch >= 2.12 keeps one capture
+// state per capture id and needs no gate. Eager random ops of the user's own on other threads
+// cannot be gated: on torch 2.11 they raise while graphtrees records (docs/limitations.md).
+class CaptureGate {
+ public:
+  // Whether the gate is needed with this torch (decided from its headers).
+  static bool needed();
+  static std::shared_mutex& of(c10::DeviceIndex device);
+  // Holds the gate shared (a replay) or exclusively (a capture) for its lifetime.
+  CaptureGate(c10::DeviceIndex device, bool exclusive);
+  ~CaptureGate();
+  CaptureGate(const CaptureGate&) = delete;
+  CaptureGate& operator=(const CaptureGate&) = delete;
+
+ private:
+  std::shared_mutex* gate_ = nullptr;
+  bool exclusive_ = false;
 };
 
 }  // namespace graphtrees

@@ -13,14 +13,37 @@ namespace graphtrees {
 
 namespace CCA = c10::cuda::CUDACachingAllocator;
 
+namespace {
+
+// Bytes of the default pool's segments that hold no block: c10 gives them back to the device
+// (release_cached_blocks) when an allocation would exceed the fraction, and retries.
+int64_t releasableBytes(c10::DeviceIndex device) {
+  int64_t bytes = 0;
+  const CCA::SnapshotInfo snap = CCA::snapshot({0, 0}, /*include_traces=*/false);
+  for (const auto& seg : snap.segments) {
+    const bool default_pool =
+        seg.owner_private_pool_id.first == 0 && seg.owner_private_pool_id.second == 0;
+    if (seg.device == device && default_pool && seg.allocated_size == 0) {
+      bytes += static_cast<int64_t>(seg.total_size);
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
 void MemoryLimit::apply(int64_t pool_reserved) {
   if (limit_ < 0 || saved_fraction_) return;
   size_t free_bytes = 0;
   size_t total_bytes = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  // What the rest of the device reserves and c10 cannot give back: counting the default pool's
+  // empty segments too would let the pool grow past its cap by their size, since c10 releases
+  // them to make room when the fraction is reached (found on the CUDA stand-in).
   const int64_t device_reserved = CCA::getDeviceStats(device_).reserved_bytes[agg].current;
-  const int64_t allowed = device_reserved - pool_reserved + limit_;
+  const int64_t kept_elsewhere = device_reserved - releasableBytes(device_) - pool_reserved;
+  const int64_t allowed = std::max<int64_t>(kept_elsewhere, 0) + limit_;
   saved_fraction_ = CCA::getMemoryFraction(device_);
   const double fraction = static_cast<double>(std::max<int64_t>(allowed, 0)) /
                           static_cast<double>(std::max<size_t>(total_bytes, 1));

@@ -8,7 +8,7 @@ import torch
 
 import graphtrees
 
-from helpers import assert_invariants, assert_replays_ran_programs, info
+from helpers import assert_close, assert_invariants, assert_replays_ran_programs, info
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -44,15 +44,18 @@ def sample(unet, cond, uncond, steps=6, guidance=4.0, batched=False):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(1, 4, 8, 8, generator=gen).to(cond.device)
     for i, t in enumerate(scheduler.timesteps):
+        # The UNet takes the timestep on its own device, the scheduler indexes its tables with it
+        # on the host (a CPU timestep would make the UNet's inputs span two devices).
+        t_unet = t.to(cond.device)
         if i >= steps - 2:
-            eps = unet(x, t, encoder_hidden_states=cond).sample
+            eps = unet(x, t_unet, encoder_hidden_states=cond).sample
         elif batched:
-            both = unet(torch.cat([x, x]), t, encoder_hidden_states=torch.cat([uncond, cond]))
+            both = unet(torch.cat([x, x]), t_unet, encoder_hidden_states=torch.cat([uncond, cond]))
             eps_u, eps_c = both.sample.chunk(2)
             eps = eps_u + guidance * (eps_c - eps_u)
         else:
-            eps_c = unet(x, t, encoder_hidden_states=cond).sample
-            eps_u = unet(x, t, encoder_hidden_states=uncond).sample
+            eps_c = unet(x, t_unet, encoder_hidden_states=cond).sample
+            eps_u = unet(x, t_unet, encoder_hidden_states=uncond).sample
             eps = eps_u + guidance * (eps_c - eps_u)
         x = scheduler.step(eps, t, x).prev_sample
     return x
@@ -70,7 +73,7 @@ def test_guided_sampling_through_cudagraphify(device):
     # eps_c is held while the unet runs again on the null condition: on_overwrite="copy".
     graphed = graphtrees.cudagraphify(unet, on_overwrite="copy")
     for _ in range(3):
-        torch.testing.assert_close(sample(graphed, cond, uncond), ref)
+        assert_close(sample(graphed, cond, uncond), ref)
     t = info(device)
     assert t["num_replays"] >= 20 and t["num_fallbacks"] == 0
     assert_replays_ran_programs(device)
@@ -85,14 +88,14 @@ def test_guided_sampling_through_torch_compile(device):
     ref = sample(unet, cond, uncond, batched=True)
     compiled = torch.compile(unet, backend="graphtrees")
     for _ in range(3):
-        torch.testing.assert_close(sample(compiled, cond, uncond, batched=True), ref)
+        assert_close(sample(compiled, cond, uncond, batched=True), ref)
     assert info(device)["num_replays"] >= 10
     # Two calls per guided step: graphtrees.compile with on_overwrite="copy".
     graphtrees.reset()
     ref = sample(unet, cond, uncond)
     compiled = graphtrees.compile(unet, on_overwrite="copy")
     for _ in range(3):
-        torch.testing.assert_close(sample(compiled, cond, uncond), ref)
+        assert_close(sample(compiled, cond, uncond), ref)
     t = info(device)
     assert t["num_replays"] >= 20 and t["num_fallbacks"] == 0
     assert_invariants(device)

@@ -10,7 +10,7 @@ import torch
 
 import graphtrees
 
-from helpers import ROOT, assert_invariants, assert_replays_ran_programs, info
+from helpers import ROOT, assert_close, assert_invariants, assert_replays_ran_programs, info
 
 pytestmark = pytest.mark.usefixtures("no_grad")
 
@@ -35,7 +35,7 @@ def test_guided_sampling_matches_eager(device):
         noise = torch.randn(2, 32, device=device)
         out = example.sample(enc, first, guided, plain, ids, null_ids, noise, steps=8)
         ref = example.sample(*parts, ids, null_ids, noise, steps=8)
-        torch.testing.assert_close(out, ref)
+        assert_close(out, ref)
     t = info(device)
     assert t["num_replays"] > 20 and t["num_migrations"] > 0
     assert_replays_ran_programs(device)

@@ -5,7 +5,7 @@ import torch
 
 import graphtrees
 
-from helpers import assert_invariants, assert_replays_ran_programs, info
+from helpers import assert_close, assert_invariants, assert_replays_ran_programs, info
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -17,7 +17,7 @@ def test_resnet18_three_batch_sizes_under_inference_mode(device):
     with torch.inference_mode():
         for batch in (1, 4, 2, 1, 4, 2, 1, 4, 2):
             x = torch.randn(batch, 3, 64, 64, device=device)
-            torch.testing.assert_close(g(x), model(x), rtol=1e-4, atol=1e-4)
+            assert_close(g(x), model(x), rtol=1e-4, atol=1e-4)
     assert len(g.signatures()) == 3
     assert all(s["eager_reason"] is None for s in g.signatures())
     assert info(device)["num_replays"] == 3
