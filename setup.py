@@ -49,6 +49,22 @@ FORCE_CUDA = os.environ.get("FORCE_CUDA", "0") == "1"
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 
 
+class IncrementalBuildExtension(BuildExtension):
+    """Builds in one persistent folder per torch and Python (build/temp-torch<version>-py<ver>),
+    also under `pip install -e .`, which would otherwise compile every file again in a fresh
+    temporary folder: ninja then rebuilds only what changed. GRAPHTREES_BUILD_TEMP overrides it."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        import sys
+
+        self.build_temp = os.environ.get("GRAPHTREES_BUILD_TEMP") or os.path.join(
+            ROOT,
+            "build",
+            f"temp-torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}",
+        )
+
+
 def get_extensions():
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
@@ -86,7 +102,7 @@ setup(
     packages=find_packages(include=["graphtrees", "graphtrees.*"]),
     package_data={"graphtrees": ["py.typed", "_C.pyi"]},
     ext_modules=get_extensions(),
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": IncrementalBuildExtension},
     # torch.compile(model, backend="graphtrees") finds the backend through this entry point.
     entry_points={
         "torch_dynamo_backends": ["graphtrees = graphtrees._dynamo_backend:graphtrees_backend"]

@@ -1,9 +1,10 @@
 """The GPU-only experiments E1-E12 of the third CUDA desk review
-(../shared/reference/cuda-desk-review-3.md), one verdict line each:
+(../shared/reference/cuda-desk-review-3.md) and G1-G14 of the fourth (cuda-desk-review-4.md), one
+verdict line each:
 
     EXP E<n> <name>: confirmed|refuted|inconclusive (<numbers>) [<seconds> s]
 
-"confirmed" means the review's prediction held (for E1-E9, a defect is there); "refuted" means it
+"confirmed" means the review's prediction held (for E1-E9 and the G defects, a defect is there); "refuted" means it
 did not (for a defect graphtrees has fixed since, the expected outcome); "inconclusive" means the
 experiment could not decide (an error, a time-out). E10-E12 measure; their verdict says whether
 the review's expectation held.
@@ -523,6 +524,280 @@ def e12():
         ("confirmed" if explained else "refuted"),
         f"above the start after reset: {without} B; after clearing the cuBLAS workspaces too: {with_clear} B",
     )
+
+
+# --- The fourth review's experiments (G1-G14). Each defect was fixed on the CUDA stand-in first;
+# here a GPU says whether the fix holds where kernels run. "refuted" is the expected verdict.
+
+
+@experiment("G1", "generator argument: abort at destruction, or repeated numbers (2.11)", 25)
+def g1():
+    out = run_python(
+        """
+        import gc, torch, graphtrees
+        f = lambda x, g: x + torch.rand(x.shape, device='cuda', generator=g)
+        g = graphtrees.cudagraphify(f)
+        gen = torch.Generator('cuda')
+        x = torch.zeros(1 << 16, device='cuda')
+        with torch.no_grad():
+            gen.manual_seed(7); graphed = [g(x, gen).clone() for _ in range(5)]
+            gen.manual_seed(7); eager = [f(x, gen) for _ in range(5)]
+        equal = sum(torch.equal(a, b) for a, b in zip(graphed, eager))
+        fresh = not torch.equal(graphed[3], graphed[4])
+        print(equal, int(fresh), graphtrees.tree_info('cuda')['num_replays'])
+        del g; graphtrees.reset(); gc.collect(); torch.cuda.synchronize()
+    """,
+        timeout=24,
+    )
+    equal, fresh, replays = map(int, out.splitlines()[-1].split())
+    ok = equal == 5 and fresh and replays == 3
+    return (
+        "refuted" if ok else "confirmed"
+    ), f"{equal}/5 calls equal eager, fresh={bool(fresh)}, {replays} replays, no abort"
+
+
+@experiment("G2", "OOM while the default generator first registers: abort (2.11)", 25)
+def g2():
+    out = run_python(
+        """
+        import torch, graphtrees
+        x = torch.randn(1 << 20, device='cuda')
+        small = torch.cuda.memory_stats().get('segment.small_pool.current')
+        g = graphtrees.cudagraphify(lambda x: x * 2)
+        with torch.no_grad():
+            g(x)
+            graphtrees.set_memory_budget('cuda', graphtrees.tree_info('cuda')['pool']['reserved_bytes'])
+            for _ in range(3): g(x)
+        s = g.signatures()[0]
+        print(small, graphtrees.tree_info('cuda')['num_recordings'], repr(s['out_of_memory'])[:80])
+        graphtrees.reset()
+    """,
+        timeout=24,
+    )
+    return (
+        "refuted",
+        f"no abort: small-pool segments before, recordings, OOM = {out.splitlines()[-1]}",
+    )
+
+
+@experiment("G3", "another thread's RNG replays raise while a graph is captured (2.11)", 40)
+def g3():
+    out = run_python(
+        """
+        import sys, threading, torch, graphtrees
+        from graphtrees import cudagraphify
+        sys.setswitchinterval(1e-5)
+        drop = cudagraphify(lambda x: torch.nn.functional.dropout(x, 0.5, training=True))
+        x = torch.ones(4096, device='cuda')
+        with torch.no_grad():
+            for _ in range(3): drop(x)
+        errors, replays, stop = [], [0], threading.Event()
+        def replayer():
+            with torch.no_grad():
+                while not stop.is_set():
+                    try:
+                        drop(x); replays[0] += 1
+                    except RuntimeError as e:
+                        errors.append(str(e)[:80])
+        t = threading.Thread(target=replayer); t.start()
+        with torch.no_grad():
+            for k in range(30):
+                f = cudagraphify(lambda y, k=k: y * k + 1)
+                y = torch.ones(256, device='cuda')
+                for _ in range(2): f(y)
+        stop.set(); t.join()
+        print(len(errors), replays[0], errors[:1])
+    """,
+        timeout=38,
+    )
+    n_err, replays = map(int, out.splitlines()[-1].split()[:2])
+    return (
+        "confirmed" if n_err else "refuted"
+    ), f"{n_err} errors in {replays} replays beside 30 captures"
+
+
+@experiment("G4", "budget OOM on CUDA: each call evicts another recording", 30)
+def g4():
+    out = run_python(
+        """
+        import torch, graphtrees
+        from graphtrees import cudagraphify, mark_step_begin
+        fns = [cudagraphify(lambda x, k=k: x * k) for k in range(1, 4)]
+        x = torch.ones(1 << 18, device='cuda')
+        with torch.no_grad():
+            for _ in range(3):
+                for fn in fns:
+                    mark_step_begin(); fn(x)
+            graphtrees.set_memory_budget('cuda', graphtrees.tree_info('cuda')['pool']['reserved_bytes'])
+            big = cudagraphify(lambda x: x.repeat(256))
+            rows = []
+            for _ in range(4):
+                mark_step_begin(); big(x)
+                t = graphtrees.tree_info('cuda')
+                rows.append((t['num_evictions'], t['num_nodes'], t['pool']['reserved_bytes']))
+        print(rows)
+    """,
+        timeout=28,
+    )
+    rows = eval(out.splitlines()[-1])  # noqa: S307 - our own output
+    evicted = rows[-1][0]
+    return ("confirmed" if evicted else "refuted"), f"(evictions, nodes, reserved) per call: {rows}"
+
+
+@experiment("G6", "NCCL: how long the work object holds a warmup block", 40)
+def g6():
+    out = run_python(
+        """
+        import os, tempfile, time, torch, torch.distributed as dist, graphtrees
+        d = tempfile.mkdtemp()
+        dist.init_process_group('nccl', init_method=f'file://{d}/s', rank=0, world_size=1,
+                                device_id=torch.device('cuda', 0))
+        def f(x):
+            y = x * 2; dist.all_reduce(y); return y + 1
+        waits = []
+        for _ in range(5):
+            graphtrees.reset()
+            g = graphtrees.cudagraphify(f)
+            with torch.no_grad():
+                g(torch.ones(16, device='cuda'))
+            t = time.perf_counter()
+            while not graphtrees.check_pool_invariants('cuda')[0] and time.perf_counter() - t < 1:
+                time.sleep(0.005)
+            waits.append(round((time.perf_counter() - t) * 1000, 1))
+        dist.destroy_process_group()
+        print(max(waits), waits)
+    """,
+        timeout=38,
+    )
+    worst = float(out.splitlines()[-1].split()[0])
+    return (
+        "confirmed" if worst > 200 else "refuted"
+    ), f"ms until the pool check holds: {out.splitlines()[-1]}"
+
+
+@experiment("G7", "verify=True: a nested graphed call enters the tree", 20)
+def g7():
+    out = run_python(
+        """
+        import torch, graphtrees
+        inner = graphtrees.cudagraphify(lambda x: x * 2)
+        outer = graphtrees.cudagraphify(lambda x: inner(x) + 1, verify=True)
+        x = torch.ones(8, device='cuda')
+        with torch.no_grad():
+            for _ in range(5): outer(x)
+        t = graphtrees.tree_info('cuda')
+        print(t['num_nodes'], [n['function'] for n in t['nodes']])
+    """,
+        timeout=18,
+    )
+    nodes = int(out.splitlines()[-1].split()[0])
+    return ("confirmed" if nodes != 1 else "refuted"), f"nodes: {out.splitlines()[-1]}"
+
+
+@experiment("G8", "verify=True on dropout: mismatch, or the RNG stream moved", 20, defect=True)
+def g8():
+    out = run_python(
+        """
+        import torch, graphtrees
+        f = lambda x: torch.nn.functional.dropout(x, 0.5, True)
+        g = graphtrees.cudagraphify(f, verify=True)
+        x = torch.ones(4096, device='cuda')
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for _ in range(6): g(x)
+        after = torch.cuda.get_rng_state()
+        torch.manual_seed(0)
+        for _ in range(6): f(x)
+        print(int(torch.equal(after, torch.cuda.get_rng_state())))
+    """,
+        timeout=18,
+    )
+    same = out.splitlines()[-1] == "1"
+    return (
+        "refuted" if same else "confirmed"
+    ), f"no mismatch; RNG state equal to 6 eager calls: {same}"
+
+
+@experiment("G9", "a graphed call inside the user's torch.cuda.graph breaks it", 20)
+def g9():
+    out = run_python(
+        """
+        import torch, graphtrees
+        g = graphtrees.cudagraphify(lambda x: x + 1)
+        x = torch.zeros(16, device='cuda')
+        with torch.no_grad():
+            for _ in range(3): g(x)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = g(x)
+            x.fill_(4); graph.replay(); torch.cuda.synchronize()
+        print(out[0].item())
+    """,
+        timeout=18,
+    )
+    ok = out.splitlines()[-1] == "5.0"
+    return (
+        "refuted" if ok else "confirmed"
+    ), f"the user's graph replays: out[0] = {out.splitlines()[-1]}"
+
+
+@experiment("G10", "piecewise: a 0-dim CPU copy puts a whole piece on eager", 40)
+def g10():
+    out = run_python(
+        """
+        import torch, graphtrees
+        f = graphtrees.compile(lambda x: (torch.tanh(x) * 2 + 1).sum().cpu() + 0, inner='aot_eager')
+        x = torch.randn(64, device='cuda')
+        with torch.no_grad():
+            for _ in range(4): f(x)
+        pieces = [p for ps in graphtrees.split_info().values() for p in ps]
+        print(graphtrees.tree_info('cuda')['num_replays'], [(p['recorded'], p['why_eager']) for p in pieces])
+    """,
+        timeout=38,
+    )
+    replays = int(out.splitlines()[-1].split()[0])
+    return ("confirmed" if replays == 0 else "refuted"), out.splitlines()[-1][:300]
+
+
+@experiment("G12", "transformer block: bit identity with eager", 30, defect=False)
+def g12():
+    code = """
+        import torch, graphtrees
+        torch.manual_seed(0)
+        block = torch.nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True).cuda().eval()
+        g = graphtrees.cudagraphify(block)
+        x = torch.randn(4, 32, 256, device='cuda')
+        with torch.no_grad():
+            ref = block(x)
+            for _ in range(4): out = g(x)
+        print((out - ref).abs().max().item())
+    """
+    plain = float(run_python(code, timeout=14).splitlines()[-1])
+    fixed = float(
+        run_python(code, {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, timeout=14).splitlines()[-1]
+    )
+    return (
+        "confirmed" if plain == 0 else "refuted"
+    ), f"max |graphed - eager| = {plain}; with CUBLAS_WORKSPACE_CONFIG=:4096:8: {fixed}"
+
+
+@experiment("G14", "the tree's stream is one torch.cuda.Stream() hands out", 20)
+def g14():
+    out = run_python(
+        """
+        import torch, graphtrees
+        seen = []
+        def f(x):
+            seen.append(torch.cuda.current_stream().cuda_stream); return x + 1
+        g = graphtrees.cudagraphify(f)
+        with torch.no_grad():
+            g(torch.ones(4, device='cuda'))
+        print(sum(torch.cuda.Stream().cuda_stream == seen[0] for _ in range(64)))
+    """,
+        timeout=18,
+    )
+    same = int(out.splitlines()[-1])
+    return ("confirmed" if same else "refuted"), f"{same} of 64 new streams share the tree's handle"
 
 
 def run_one(key):

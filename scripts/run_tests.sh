@@ -1,38 +1,87 @@
 #!/usr/bin/env bash
-# README's test command (and what .ci/run runs): installs what the tests need (torchvision and
-# transformers included: tests/integration builds their models from configs, random weights,
-# nothing downloaded), builds the extension and runs the whole suite against torch 2.14.1 in
-# the current Python; then builds a
-# second copy against torch 2.11.0 -- the GPU test machine's version -- in .venv-torch211 and runs
-# the suite there too, so that a compile error or a missing symbol is found here, not on the GPU.
-#   GRAPHTREES_SKIP_TORCH211=1   only the first stage
+# README's test command (and what .ci/run runs): installs what the tests need (torchvision,
+# transformers and diffusers included: tests/integration builds their models from configs, random
+# weights, nothing downloaded), builds the extension, and for torch 2.14.1 and then torch 2.11.0
+# (the GPU machine's, in .venv-torch211) runs
+#   - the suite on CPU (the CUDA tests skipped: no GPU), and
+#   - the suite's CUDA tests on the CUDA stand-in (tests/cuda_standin: a fake CUDA runtime under
+#     real torch, kernels never executed), with GRAPHTREES_CUDA=1 -- a stand-in run, not a GPU
+#     run; tests that need kernel results are skipped there with their reason.
+#   GRAPHTREES_SKIP_TORCH211=1   only torch 2.14.1
+#   GRAPHTREES_SKIP_STANDIN=1    no CUDA stand-in stages
+#   GRAPHTREES_ALLOW_SYSTEM_PYTHON=1   install into a Python that is not a virtual environment
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 PY=${PYTHON:-python}
-DEPS=(ninja "setuptools>=70" pytest hypothesis numpy transformers diffusers==0.42.1 clang-format==23.1.5 ruff==0.17.6)
+DEPS=(ninja "setuptools>=70" pytest hypothesis numpy expecttest transformers diffusers==0.42.1 clang-format==23.1.5 ruff==0.17.6)
 t_all=$(date +%s)
 stamp() { echo "[run_tests] $1: $(( $(date +%s) - $2 )) s"; }
+
+# Installing into a system or global interpreter changes it for everything else on the machine.
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.prefix != sys.base_prefix else 1)' \
+    && [[ ${GRAPHTREES_ALLOW_SYSTEM_PYTHON:-0} != 1 && ${CI:-} != true ]]; then
+  echo "[run_tests] $("$PY" -c 'import sys; print(sys.executable)') is not a virtual environment;"
+  echo "[run_tests] make one first (python3 -m venv .venv && . .venv/bin/activate), or set"
+  echo "[run_tests] GRAPHTREES_ALLOW_SYSTEM_PYTHON=1 to install torch and the test tools into it."
+  exit 2
+fi
+
+# The CUDA stand-in: built once for both torches (it is C++ against the CUDA headers, not
+# against torch), or its stages are skipped with the reason.
+STANDIN_ENV=()
+standin_build() {
+  if [[ ${GRAPHTREES_SKIP_STANDIN:-0} == 1 ]]; then
+    echo "[run_tests] GRAPHTREES_SKIP_STANDIN=1: the CUDA stand-in stages are skipped"
+    return
+  fi
+  local t dir
+  t=$(date +%s)
+  if dir=$("$PY" tests/cuda_standin/standin.py build); then
+    mapfile -t STANDIN_ENV < <(CUDA_STANDIN_DIR="$dir" "$PY" tests/cuda_standin/standin.py env \
+      | sed 's/^export //')
+    STANDIN_ENV+=("CUDA_STANDIN_DIR=$dir" "GRAPHTREES_CUDA=1")
+    stamp "build the CUDA stand-in" "$t"
+  else
+    echo "[run_tests] the CUDA stand-in stages are skipped (see the reason above)"
+  fi
+}
+
+# standin_tests PYTHON LABEL: the suite's CUDA tests on the stand-in.
+standin_tests() {
+  local python=$1 label=$2 t
+  [[ ${#STANDIN_ENV[@]} -gt 0 ]] || return 0
+  t=$(date +%s)
+  echo "[run_tests] CUDA tests on the CUDA stand-in ($label; kernels are not executed)"
+  env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest tests -q -p no:cacheprovider \
+    -m needs_cuda
+  stamp "tests on the CUDA stand-in ($label)" "$t"
+}
 
 t=$(date +%s)
 "$PY" -m pip install torch==2.14.1 torchvision==0.29.1 "${DEPS[@]}"
 stamp "install (torch 2.14.1)" "$t"
 t=$(date +%s)
-echo "[run_tests] building graphtrees against torch 2.14.1 (about 1-2 minutes on 2 cores)"
+echo "[run_tests] building graphtrees against torch 2.14.1 (build/temp-torch2.14.1*: only what changed)"
 "$PY" -m pip install --no-build-isolation --no-deps -e .
+"$PY" -c "import graphtrees._ext as e; print('[run_tests] backends compiled in:', e.get_ext().backends)"
 stamp "build (torch 2.14.1)" "$t"
+standin_build
 t=$(date +%s)
-"$PY" -m pytest tests -q
+"$PY" -m pytest tests -q -p no:cacheprovider
 stamp "tests (torch 2.14.1)" "$t"
+standin_tests "$PY" "torch 2.14.1"
 
 if [[ ${GRAPHTREES_SKIP_TORCH211:-0} == 1 ]]; then
-  echo "[run_tests] GRAPHTREES_SKIP_TORCH211=1: the torch 2.11 stage was skipped"
+  echo "[run_tests] GRAPHTREES_SKIP_TORCH211=1: the torch 2.11 stages were skipped"
+  stamp "all stages" "$t_all"
   exit 0
 fi
 
-# The second stage builds a copy of the sources, so that its extension never replaces the first
-# one's (an extension only loads with the torch it was compiled against).
+# The second torch builds a copy of the sources, so that its extension never replaces the first
+# one's (an extension only loads with the torch it was compiled against). The copy keeps its own
+# build folder between runs.
 VENV=$ROOT/.venv-torch211
 SRC=$VENV/src
 t=$(date +%s)
@@ -40,11 +89,13 @@ t=$(date +%s)
 "$VENV/bin/python" -m pip install torch==2.11.0 torchvision==0.26.0 "${DEPS[@]}"
 stamp "install (torch 2.11.0)" "$t"
 t=$(date +%s)
-rm -rf "$SRC" && mkdir -p "$SRC"
+mkdir -p "$SRC"
+find "$SRC" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
 if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
   git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$SRC"
 else
-  tar -cf - --exclude=./.venv-torch211 --exclude=./build --exclude='*.so' . | tar -xf - -C "$SRC"
+  tar -cf - --exclude=./.venv-torch211 --exclude=./.venv --exclude=./build --exclude='*.so' . \
+    | tar -xf - -C "$SRC"
 fi
 cd "$SRC"
 echo "[run_tests] building graphtrees against torch 2.11.0"
@@ -53,4 +104,5 @@ stamp "build (torch 2.11.0)" "$t"
 t=$(date +%s)
 PYTHON="$VENV/bin/python" "$VENV/bin/python" -m pytest tests -q -p no:cacheprovider
 stamp "tests (torch 2.11.0)" "$t"
+standin_tests "$VENV/bin/python" "torch 2.11.0"
 stamp "all stages" "$t_all"

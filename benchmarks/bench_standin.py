@@ -1,0 +1,257 @@
+"""Host-side cost of graphtrees against PyTorch's own trees, on the CUDA stand-in.
+
+CUDA stand-in: host-side cost, kernels not executed. Kernels are no-ops there, so a call's time is
+its bookkeeping: Python, dynamo's guards, AOTAutograd's wrappers, the tree managers, the copies of
+inputs and the graph launch. Everything runs in one process, interleaved over rounds, and the
+minimum per variant is reported (measure on a quiet machine).
+
+    python tests/cuda_standin/standin.py run -- env GRAPHTREES_CUDA=1 \\
+        python benchmarks/bench_standin.py --out benchmarks/results
+
+Sections: overhead (us per call: raw CUDAGraph.replay, cudagraphify with static and with copied
+inputs, torch.compile(backend="graphtrees"), torch.compile(mode="reduce-overhead"), dynamo alone,
+dynamo + AOTAutograd alone), memory (pool bytes for K sibling branches, graphtrees against
+PyTorch's trees), capture (16 buckets captured largest first).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+import graphtrees
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from cuda_standin.standin import current  # noqa: E402
+
+LABEL = "CUDA stand-in: host-side cost, kernels not executed"
+
+
+def f(x):
+    for _ in range(10):
+        x = x * 1.5 + 1.0
+    return x
+
+
+def per_call_us(fn, iters):
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def bench_overhead(iters, rounds):
+    import torch._dynamo
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    x = torch.ones(64, device="cuda")
+    ready = f(x)
+
+    def ready_backend(gm, example_inputs):
+        as_tuple = isinstance(gm(*example_inputs), tuple)
+        return (lambda *args: (ready,)) if as_tuple else (lambda *args: ready)
+
+    def aot_ready_backend(gm, example_inputs):
+        def fw(g, ins):
+            outs = g(*ins)
+            return lambda *args: [ready for _ in outs]
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
+
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    for _ in range(2):
+        f(static_x)
+    with torch.cuda.graph(graph):
+        f(static_x)
+    variants = {
+        "raw CUDAGraph.replay()": graph.replay,
+        "cudagraphify, static input": (lambda g: lambda: g(x))(
+            graphtrees.cudagraphify(f, static_argnums=(0,), name="static")
+        ),
+        "cudagraphify, copied input": (lambda g: lambda: g(x))(
+            graphtrees.cudagraphify(f, name="copied")
+        ),
+        "dynamo alone": (lambda c: lambda: c(x))(torch.compile(f, backend=ready_backend)),
+        "dynamo + AOTAutograd alone": (lambda c: lambda: c(x))(
+            torch.compile(f, backend=aot_ready_backend)
+        ),
+        'torch.compile(backend="graphtrees")': (lambda c: lambda: c(x))(
+            torch.compile(f, backend="graphtrees")
+        ),
+        'torch.compile(mode="reduce-overhead")': (lambda c: lambda: c(x))(
+            torch.compile(f, mode="reduce-overhead")
+        ),
+    }
+    with torch.no_grad():
+        for fn in variants.values():  # warm up, record, compile
+            for _ in range(5):
+                fn()
+        best = {k: float("inf") for k in variants}
+        for _ in range(rounds):
+            for k, fn in variants.items():
+                best[k] = min(best[k], per_call_us(fn, iters))
+    torch.cuda.synchronize()
+    floor = best["dynamo + AOTAutograd alone"]
+    ours = best['torch.compile(backend="graphtrees")'] - floor
+    theirs = best['torch.compile(mode="reduce-overhead")'] - floor
+    torch._dynamo.reset()
+    graphtrees.reset()
+    return {
+        "us_per_call": {k: round(v, 2) for k, v in best.items()},
+        "bookkeeping_above_dynamo_aot_us": {
+            "graphtrees": round(ours, 2),
+            "pytorch_trees": round(theirs, 2),
+        },
+        "ratio_pytorch_over_graphtrees": round(theirs / ours, 1) if ours > 0 else None,
+        "iters": iters,
+        "rounds": rounds,
+    }
+
+
+def private_pool_bytes():
+    return sum(
+        s["total_size"]
+        for s in torch.cuda.memory_snapshot()
+        if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)
+    )
+
+
+def bench_memory(ks):
+    rows = []
+    numel = 1 << 20  # 4 MiB of float32 per activation
+    for k in ks:
+        row = {"branches": k}
+        for impl in ("graphtrees", "pytorch_trees"):
+            graphtrees.reset()
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+            if impl == "graphtrees":
+                make = graphtrees.cudagraphify
+            else:
+
+                def make(fn):
+                    return torch.compile(fn, mode="reduce-overhead")
+
+            prefix = make(lambda x: x * 2)
+            branches = [make(lambda y, i=i: (y + i) * y) for i in range(k)]
+            x = torch.ones(numel, device="cuda")
+            with torch.no_grad():
+                for b in branches:
+                    for _ in range(3):
+                        torch.compiler.cudagraph_mark_step_begin()
+                        out = b(prefix(x))
+                del out
+            row[f"{impl}_pool_mib"] = round(private_pool_bytes() / 2**20, 1)
+        rows.append(row)
+    graphtrees.reset()
+    torch._dynamo.reset()
+    return rows
+
+
+def bench_capture(shapes=16):
+    model = (
+        torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+        .cuda()
+        .eval()
+    )
+    buckets = [8 * (i + 1) for i in range(shapes)]
+    g = graphtrees.cudagraphify(model, buckets=buckets, name="buckets")
+    x = torch.ones(8, 256, device="cuda")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        report = g.capture(x, progress=False)
+    seconds = time.perf_counter() - t0
+    pool = graphtrees.tree_info("cuda")["pool"]["reserved_bytes"]
+    graphtrees.reset()
+    return {
+        "buckets": shapes,
+        "total_ms": round(seconds * 1000, 1),
+        "ms_per_bucket": round(seconds * 1000 / shapes, 1),
+        "recorded": sum(r["status"] == "recorded" for r in report),
+        "pool_mib": round(pool / 2**20, 1),
+    }
+
+
+def markdown(res):
+    m = res["meta"]
+    lines = [
+        f"# {LABEL}",
+        "",
+        f"{m['date']}, torch {m['torch']}, {m['device']}, Python {m['python']}. One process; "
+        f"each variant's minimum over {res['overhead']['rounds']} interleaved rounds of "
+        f"{res['overhead']['iters']} calls. Not a GPU run: kernels never execute, so these "
+        "are host-side costs only.",
+        "",
+        "## Cost per call (f = 10 x (x * 1.5 + 1.0) on 64 floats)",
+        "",
+        "| variant | us per call |",
+        "|---|---|",
+    ]
+    for k, v in res["overhead"]["us_per_call"].items():
+        lines.append(f"| {k} | {v} |")
+    b = res["overhead"]["bookkeeping_above_dynamo_aot_us"]
+    lines += [
+        "",
+        f"Above the dynamo + AOTAutograd floor: graphtrees {b['graphtrees']} us, PyTorch's trees "
+        f"{b['pytorch_trees']} us per call ({res['overhead']['ratio_pytorch_over_graphtrees']}x).",
+        "",
+        "## Pool memory for K sibling branches after one prefix (4 MiB activations)",
+        "",
+        "| K | graphtrees pool MiB | PyTorch's trees pool MiB |",
+        "|---|---|---|",
+    ]
+    for r in res["memory"]:
+        lines.append(
+            f"| {r['branches']} | {r['graphtrees_pool_mib']} | {r['pytorch_trees_pool_mib']} |"
+        )
+    c = res["capture"]
+    lines += [
+        "",
+        "## Capture of 16 buckets, largest first (`wrapped.capture()`)",
+        "",
+        f"{c['recorded']} of {c['buckets']} recorded in {c['total_ms']} ms "
+        f"({c['ms_per_bucket']} ms a bucket); pool {c['pool_mib']} MiB.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    if current() is None:
+        sys.exit("bench_standin.py runs on the CUDA stand-in: see tests/cuda_standin/README.md")
+    res = {
+        "meta": {
+            "label": LABEL,
+            "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(0),
+            "python": sys.version.split()[0],
+        },
+        "overhead": bench_overhead(args.iters, args.rounds),
+        "memory": bench_memory((1, 2, 4, 8)),
+        "capture": bench_capture(),
+    }
+    text = markdown(res)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        base = os.path.join(args.out, f"standin-{res['meta']['date']}")
+        with open(base + ".json", "w") as fh:
+            json.dump(res, fh, indent=1)
+        with open(base + ".md", "w") as fh:
+            fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
