@@ -33,7 +33,7 @@ int64_t moduleEpoch() {
   if (source == nullptr) return -1;
   return PyLong_AsLongLong(PyList_GET_ITEM(source, 0));
 }
-constexpr size_t kSignatureWarnLimit = 8;
+constexpr int64_t kSignatureWarnLimit = 8;
 
 // torch.OutOfMemoryError (what c10::OutOfMemoryError becomes in Python).
 py::handle outOfMemoryErrorType() {
@@ -46,10 +46,12 @@ py::handle outOfMemoryErrorType() {
 // pool by the failed call are freed now rather than when the traceback dies.
 void clearTracebackFrames(const py::error_already_set& e) {
   try {
+    // An error raised before any Python frame ran (a TypeError for a wrong number of arguments)
+    // has no traceback at all: a null handle, which pybind11 cannot pass on.
     py::object tb = e.trace();
-    if (!tb.is_none()) py::module_::import("traceback").attr("clear_frames")(tb);
-  } catch (const py::error_already_set&) {
-    // Best effort only.
+    if (tb && !tb.is_none()) py::module_::import("traceback").attr("clear_frames")(tb);
+  } catch (const std::exception&) {
+    // Best effort only: the user's own error is what propagates.
   }
 }
 
@@ -120,16 +122,26 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
   r.is_static = flat.is_static;
   r.options = &options_;
   r.generators = flat.generators;
-  // Buckets are meant to be many signatures: the warning counts past them.
-  const size_t warn_at = kSignatureWarnLimit + options_.buckets.size();
-  if (options_.max_recorded_shapes == 0 && signatures_.size() == warn_at) {
-    logMessage(LogLevel::kWarning,
-               "'" + name_ + "' has been called with more than " + std::to_string(warn_at) +
-                   " distinct signatures (shapes, dtypes or non-tensor argument values); each one "
-                   "is warmed up and recorded separately and keeps its own pool memory");
-  }
   signatures_.insert(flat.key, sig);
   return sig;
+}
+
+py::object GraphedCallable::runFindingState(Signature& sig,
+                                            const std::pair<py::tuple, py::dict>& rebuilt,
+                                            const std::vector<at::Tensor>& tensors,
+                                            size_t keyed_tensors) {
+  // The first run of a verified signature, under a dispatch mode that notes the tensors it
+  // writes which neither are arguments nor were made by the run (Note [Verified replays]).
+  py::list arguments;
+  for (size_t i = 0; i < keyed_tensors && i < tensors.size(); ++i) arguments.append(tensors[i]);
+  py::tuple r = py::module_::import("graphtrees._verify")
+                    .attr("run_noting_state_writes")(fn_, rebuilt.first, rebuilt.second, arguments);
+  sig.verify_state_known = true;
+  sig.verify_state.clear();
+  for (const auto& t : r[1].cast<std::vector<at::Tensor>>()) {
+    sig.verify_state.emplace_back(t.getIntrusivePtr());
+  }
+  return r[0];
 }
 
 py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwargs,
@@ -220,12 +232,12 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   py::object out = callExact(py::reinterpret_borrow<py::args>(rebuilt.first),
                              py::reinterpret_borrow<py::kwargs>(rebuilt.second), &flat);
   std::vector<at::Tensor> outs;
-  const OutputSpec spec = OutputSpec::flatten(out, &outs, name_);
+  const OutputSpec spec = OutputSpec::flatten(out, &outs, name_, rebuilt.first, rebuilt.second);
   const int64_t d = options_.bucket_dim;
   for (at::Tensor& t : outs) {
     if (t.dim() > d && t.size(d) == bucket) t = t.narrow(d, 0, b);
   }
-  return spec.unflatten(outs);
+  return spec.unflatten(outs, rebuilt.first, rebuilt.second);
 }
 
 py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kwargs,
@@ -310,7 +322,11 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     auto rebuilt = rebuildArgs(args, kwargs, tensors);
     py::object out;
     try {
-      out = fn_(*rebuilt.first, **rebuilt.second);
+      if (options_.verify != Verify::kOff && !sig.verify_state_known) {
+        out = runFindingState(sig, rebuilt, tensors, flat.keyed_tensors);
+      } else {
+        out = fn_(*rebuilt.first, **rebuilt.second);
+      }
     } catch (py::error_already_set& e) {
       // A backend may handle this error (a rejected capture): free the pool tensors that the
       // failed run's frames hold before it does anything else -- unless a device capture is
@@ -333,13 +349,15 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
       // function that runs eagerly anyway needs no result structure.
       if (sig.record.eager_reason.empty()) {
         try {
-          sig.spec = std::make_unique<OutputSpec>(OutputSpec::flatten(out, &outs, fname));
+          sig.spec =
+              std::make_unique<OutputSpec>(OutputSpec::flatten(out, &outs, fname, args, kwargs));
         } catch (const py::type_error& e) {
           const std::string what = e.what();
           sig.record.eager_reason =
               what.substr(what.find(": ") + 2) +
               (what.find("Cache") != std::string::npos
-                   ? " (for a transformers model, pass use_cache=False, or a StaticCache)"
+                   ? " (for a transformers model, pass use_cache=False, or pass a StaticCache "
+                     "as its cache argument: a cache passed in is returned as it is)"
                    : "");
           outs.clear();
         }
@@ -347,7 +365,7 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
       result = std::move(out);
       return outs;
     }
-    OutputSpec spec = OutputSpec::flatten(out, &outs, fname);
+    OutputSpec spec = OutputSpec::flatten(out, &outs, fname, args, kwargs);
     if (sig.record.eager_reason.empty() && !sig.spec->sameAs(spec)) {
       sig.record.eager_reason = "its non-tensor results change between calls (first " +
                                 sig.spec->describe() + ", now " + spec.describe() + ")";
@@ -363,7 +381,13 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
   };
 
   std::optional<ReplayVerifier> verifier;  // Note [Verified replays]
-  if (options_.verify != Verify::kOff) verifier.emplace(flat, device);
+  if (options_.verify != Verify::kOff) {
+    std::vector<at::Tensor> state;
+    for (const auto& weak : sig.verify_state) {
+      if (auto impl = weak.lock()) state.emplace_back(std::move(impl));
+    }
+    verifier.emplace(flat, device, std::move(state));
+  }
   CallResult r;
   TreeRegistry::Handle tree;
   try {
@@ -372,9 +396,21 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     clearTracebackFrames(e);
     throw;
   }
+  if (!sig.ran) {
+    sig.ran = true;
+    // Buckets are meant to be many signatures: the warning counts past them. A call that failed
+    // (a TypeError for a wrong argument, say) is not a signature the function runs with.
+    const int64_t warn_at = kSignatureWarnLimit + static_cast<int64_t>(options_.buckets.size());
+    if (options_.max_recorded_shapes == 0 && ++signatures_ran_ == warn_at + 1) {
+      logMessage(LogLevel::kWarning,
+                 "'" + name_ + "' has been called with more than " + std::to_string(warn_at) +
+                     " distinct signatures (shapes, dtypes or non-tensor argument values); each "
+                     "one is warmed up and recorded separately and keeps its own pool memory");
+    }
+  }
   py::object out = (r.kind == RunKind::kEager || r.kind == RunKind::kWarmup)
                        ? std::move(result)
-                       : sig.spec->unflatten(r.outputs);
+                       : sig.spec->unflatten(r.outputs, args, kwargs);
   result = py::object();
   r.outputs.clear();
   tree->debugCheck(sig.record, r.kind);

@@ -58,6 +58,9 @@ class GraphedCallable {
   // Note [Buckets]: the call's batch size, or -1; the padding (or cut) of its tensors.
   int64_t batchOf(const FlatArgs& flat) const;
   void resizeBatch(FlatArgs* flat, int64_t from, int64_t to) const;
+  // A verified signature's first run: runs fn_ noting the non-argument tensors it writes.
+  py::object runFindingState(Signature& sig, const std::pair<py::tuple, py::dict>& rebuilt,
+                             const std::vector<at::Tensor>& tensors, size_t keyed_tensors);
 
   py::object fn_;
   py::object module_;
@@ -70,6 +73,7 @@ class GraphedCallable {
   SignatureCache signatures_;
   int64_t callable_id_;
   int64_t signatures_created_ = 0;
+  int64_t signatures_ran_ = 0;  // signatures with a call that returned (the warning counts these)
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists
   std::unordered_set<std::string> logged_reasons_;  // fallbacks with no tree to count them
   std::vector<at::Tensor> module_tensors_;

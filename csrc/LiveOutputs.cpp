@@ -18,8 +18,9 @@ std::string overwriteMessage(const std::string& producer, const std::string& by)
   return "graphtrees: this tensor was returned by a run of '" + producer +
          "' and has been overwritten by a subsequent run (" + by +
          "). Its memory belongs to graphtrees' pool, which later runs reuse. Call .clone() on "
-         "outputs you need to keep before running graphed functions again; "
-         "graphtrees.mark_step_begin() marks where a new step starts.";
+         "outputs you need to keep before running graphed functions again, or wrap the function "
+         "with on_overwrite=\"copy\" to have such outputs copied out of the pool before they "
+         "are overwritten; graphtrees.mark_step_begin() marks where a new step starts.";
 }
 
 }  // namespace

@@ -67,12 +67,15 @@ std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
   const int limit = fn.options->chain_limit;
   if (callable.runs_in_generation < limit) return std::nullopt;
   if (warned_.insert("chain\n" + fn.name).second) {
-    logMessage(
-        LogLevel::kInfo,
-        "'" + fn.name + "' ran " + std::to_string(callable.runs_in_generation) +
-            " times in one step on outputs of that step (chain_limit=" + std::to_string(limit) +
-            "); starting a new step, which releases that step's outputs (raise "
-            "chain_limit, or use on_overwrite='copy' to keep them valid)");
+    logMessage(LogLevel::kInfo,
+               "'" + fn.name + "' consumed its own outputs " +
+                   std::to_string(callable.runs_in_generation) +
+                   " times in one step, as a decode loop does; this is expected: from now on a new "
+                   "step starts every chain_limit=" +
+                   std::to_string(limit) +
+                   " such calls, which keeps the tree's depth and memory bounded and releases the "
+                   "older outputs of the chain (raise chain_limit to keep more, or use "
+                   "on_overwrite='copy' to keep them valid)");
   }
   return again + " on an output of its own step more than chain_limit=" + std::to_string(limit) +
          " times (raise chain_limit, or keep the outputs with on_overwrite='copy' or .clone())";

@@ -275,10 +275,37 @@ std::pair<py::tuple, py::dict> rebuildArgs(py::handle args, py::handle kwargs,
 }
 
 OutputSpec OutputSpec::flatten(py::handle result, std::vector<at::Tensor>* tensors,
-                               const std::string& function_name) {
+                               const std::string& function_name, py::handle call_args,
+                               py::handle call_kwargs) {
   OutputSpec spec;
+  spec.call_args_ = call_args;
+  spec.call_kwargs_ = call_kwargs;
   spec.flattenInto(result, tensors, function_name, 0);
+  spec.call_args_ = spec.call_kwargs_ = py::handle();
   return spec;
+}
+
+bool OutputSpec::flattenArgument(PyObject* obj) {
+  if (call_args_.ptr() != nullptr && PyTuple_Check(call_args_.ptr())) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(call_args_.ptr()); ++i) {
+      if (PyTuple_GET_ITEM(call_args_.ptr(), i) == obj) {
+        entries_.push_back({Kind::kArgument, 0, py::int_(i)});
+        return true;
+      }
+    }
+  }
+  if (call_kwargs_.ptr() != nullptr && PyDict_Check(call_kwargs_.ptr())) {
+    PyObject* k = nullptr;
+    PyObject* v = nullptr;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(call_kwargs_.ptr(), &pos, &k, &v)) {
+      if (v == obj) {
+        entries_.push_back({Kind::kArgument, 0, py::reinterpret_borrow<py::object>(k)});
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 void OutputSpec::flattenInto(py::handle obj, std::vector<at::Tensor>* tensors,
@@ -349,49 +376,70 @@ void OutputSpec::flattenInto(py::handle obj, std::vector<at::Tensor>* tensors,
     for (py::handle child : children) flattenInto(child, tensors, name, depth + 1);
     return;
   }
+  if (flattenArgument(o)) return;
   throw py::type_error("graphtrees: '" + name + "' returned a value of type '" + typeName(o) +
                        "'; graphed functions may return tensors, None, Python scalars and "
                        "strings, in tuples, lists, namedtuples, dicts, dataclasses and types "
                        "registered with torch.utils._pytree");
 }
 
-py::object OutputSpec::unflatten(const std::vector<at::Tensor>& tensors) const {
+py::object OutputSpec::unflatten(const std::vector<at::Tensor>& tensors, py::handle call_args,
+                                 py::handle call_kwargs) const {
   size_t pos = 0;
   size_t next = 0;
-  py::object r = build(&pos, tensors, &next);
+  py::object r = build(&pos, tensors, &next, call_args, call_kwargs);
   TORCH_INTERNAL_ASSERT(pos == entries_.size() && next == tensors.size());
   return r;
 }
 
-py::object OutputSpec::build(size_t* pos, const std::vector<at::Tensor>& tensors,
-                             size_t* next) const {
+py::object OutputSpec::build(size_t* pos, const std::vector<at::Tensor>& tensors, size_t* next,
+                             py::handle call_args, py::handle call_kwargs) const {
   const Entry& e = entries_[(*pos)++];
   switch (e.kind) {
     case Kind::kTensor:
       return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensors[(*next)++]));
     case Kind::kConstant:
       return e.value;
+    case Kind::kArgument: {
+      // The same call signature passes the same arguments (its key holds their identities).
+      PyObject* found = nullptr;
+      if (PyLong_Check(e.value.ptr())) {
+        const Py_ssize_t i = e.value.cast<Py_ssize_t>();
+        if (call_args.ptr() != nullptr && i < PyTuple_GET_SIZE(call_args.ptr())) {
+          found = PyTuple_GET_ITEM(call_args.ptr(), i);
+        }
+      } else if (call_kwargs.ptr() != nullptr && PyDict_Check(call_kwargs.ptr())) {
+        found = PyDict_GetItem(call_kwargs.ptr(), e.value.ptr());
+      }
+      TORCH_INTERNAL_ASSERT(found != nullptr, "graphtrees: a result that is the call's argument ",
+                            py::repr(e.value).cast<std::string>(), " has no such argument now");
+      return py::reinterpret_borrow<py::object>(found);
+    }
     case Kind::kTuple:
     case Kind::kNamedTuple: {
       py::tuple items(e.count);
-      for (int64_t i = 0; i < e.count; ++i) items[i] = build(pos, tensors, next);
+      for (int64_t i = 0; i < e.count; ++i)
+        items[i] = build(pos, tensors, next, call_args, call_kwargs);
       if (e.kind == Kind::kTuple) return std::move(items);
       return e.value(*items);
     }
     case Kind::kList: {
       py::list items(e.count);
-      for (int64_t i = 0; i < e.count; ++i) items[i] = build(pos, tensors, next);
+      for (int64_t i = 0; i < e.count; ++i)
+        items[i] = build(pos, tensors, next, call_args, call_kwargs);
       return std::move(items);
     }
     case Kind::kDict: {
       py::dict d;
       py::tuple keys = e.value;
-      for (int64_t i = 0; i < e.count; ++i) d[keys[i]] = build(pos, tensors, next);
+      for (int64_t i = 0; i < e.count; ++i)
+        d[keys[i]] = build(pos, tensors, next, call_args, call_kwargs);
       return std::move(d);
     }
     case Kind::kNode: {
       py::list children(e.count);
-      for (int64_t i = 0; i < e.count; ++i) children[i] = build(pos, tensors, next);
+      for (int64_t i = 0; i < e.count; ++i)
+        children[i] = build(pos, tensors, next, call_args, call_kwargs);
       py::tuple type_and_context = e.value;
       return unflattenNode(type_and_context[0], type_and_context[1], children);
     }
@@ -406,7 +454,7 @@ bool OutputSpec::sameAs(const OutputSpec& other) const {
     const Entry& b = other.entries_[i];
     if (a.kind != b.kind || a.count != b.count) return false;
     if (a.kind == Kind::kConstant || a.kind == Kind::kDict || a.kind == Kind::kNamedTuple ||
-        a.kind == Kind::kNode) {
+        a.kind == Kind::kNode || a.kind == Kind::kArgument) {
       if (!sameConstant(a.value, b.value)) return false;
     }
   }
@@ -422,6 +470,9 @@ std::string OutputSpec::describe() const {
         break;
       case Kind::kConstant:
         s += py::repr(e.value).cast<std::string>() + " ";
+        break;
+      case Kind::kArgument:
+        s += "argument[" + py::str(e.value).cast<std::string>() + "] ";
         break;
       case Kind::kTuple:
         s += "tuple[" + std::to_string(e.count) + "] ";

@@ -7,12 +7,15 @@
 #include "PyTree.h"
 
 #include <c10/core/Device.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace graphtrees {
 
@@ -21,6 +24,10 @@ struct Signature {
   std::unique_ptr<OutputSpec> spec;  // the structure of its results, from its first call
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   uint64_t last_used = 0;
+  bool ran = false;  // a call of it has returned (failed calls do not count as signatures seen)
+  // verify: the tensors its first run wrote that are not its arguments (Note [Verified replays])
+  bool verify_state_known = false;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> verify_state;
 };
 
 class SignatureCache {

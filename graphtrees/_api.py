@@ -13,6 +13,10 @@ DeviceLike = str | torch.device
 
 
 def _name_of(fn: Any) -> str:
+    # A wrapper of a wrapper is named after what it wraps, not "GraphedCallable".
+    name = getattr(fn, "_graphtrees_name", None)
+    if isinstance(name, str):
+        return name
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if name is None:
         name = type(fn).__name__
@@ -101,12 +105,58 @@ def cudagraphify(
     if fn is None:
         return functools.partial(cudagraphify, name=name, **options)
     module = fn if isinstance(fn, torch.nn.Module) else None
-    wrapped = get_ext().GraphedCallable(fn, options, module, _name_of(fn) if name is None else name)
+    name = _name_of(fn) if name is None else name
+    wrapped = get_ext().GraphedCallable(fn, options, module, name)
     wrapped.capture = functools.partial(capture, wrapped)
     functools.update_wrapper(wrapped, fn, updated=())
+    wrapped._graphtrees_name = name
     if module is not None:
         wrapped.module = module
     return wrapped
+
+
+# Note [A wrapped module behaves like the module]
+# As torch.compile's module wrapper does, a GraphedCallable made from an nn.Module passes what it
+# does not have itself on to the module: attributes (config, training, device), the module's
+# methods (parameters(), state_dict(), generate -- which runs the module itself, unrecorded) and
+# item access, length and iteration (a wrapped nn.Sequential). Module methods that return the
+# module (eval(), train(), to(), requires_grad_()) return the wrapper, so that
+# `model = graphtrees.cudagraphify(model).eval()` keeps the wrapper. Calling goes through the
+# graph. Only lookups that fail on the wrapper reach this, never the call path.
+def _wrapped_module(self: Any, what: str) -> torch.nn.Module:
+    module = self.__dict__.get("module")
+    if module is None:
+        raise TypeError(f"{self!r} wraps a function, not an nn.Module: it has no {what}")
+    return module
+
+
+def _module_getattr(self: Any, attr: str) -> Any:
+    module = self.__dict__.get("module")
+    if module is None or (attr.startswith("__") and attr.endswith("__")):
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}")
+    value = getattr(module, attr)
+    if callable(value) and getattr(value, "__self__", None) is module:
+
+        @functools.wraps(value)
+        def method(*args: Any, **kwargs: Any) -> Any:
+            result = value(*args, **kwargs)
+            return self if result is module else result
+
+        return method
+    return value
+
+
+def _install_module_passthrough() -> None:
+    from ._ext import has_ext
+
+    if not has_ext():
+        return
+    cls = get_ext().GraphedCallable
+    cls.__getattr__ = _module_getattr
+    cls.__getitem__ = lambda self, key: _wrapped_module(self, "items")[key]
+    cls.__len__ = lambda self: len(_wrapped_module(self, "length"))
+    cls.__iter__ = lambda self: iter(_wrapped_module(self, "items to iterate"))
+    cls.__bool__ = lambda self: True  # __len__ must not make a wrapper falsy
 
 
 def mark_step_begin() -> None:
@@ -193,3 +243,4 @@ def _document_counters() -> None:
 
 
 _document_counters()
+_install_module_passthrough()

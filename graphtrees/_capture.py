@@ -7,7 +7,7 @@ from ._ext import get_ext
 
 
 class _Progress:
-    """tqdm when installed, else one updating line on a terminal, else log lines."""
+    """On a terminal: tqdm when installed, else one updating line; elsewhere: log lines."""
 
     def __init__(self, total, enabled):
         import logging
@@ -19,12 +19,17 @@ class _Progress:
         self._enabled = enabled
         if not enabled:
             return
+        # A bar or an updating line only on a terminal: in a log file or CI, one log line per
+        # bucket (a bar there writes a line per refresh).
+        self._tty = sys.stderr.isatty()
+        if not self._tty:
+            return
         try:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc="graphtrees capture", unit="bucket")
         except ImportError:
-            self._tty = sys.stderr.isatty()
+            pass
 
     def update(self, text):
         import sys

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 _log = logging.getLogger("graphtrees")
 _warned: set[tuple[str, str]] = set()
@@ -44,11 +45,89 @@ def _difference(replayed: Any, eager: Any) -> tuple[str, str] | None:
     return None
 
 
-def check(name: str, warn: bool, replayed: Any, eager: Any, baked: str) -> Any:
+class _StateWrites(TorchDispatchMode):
+    """Notes the tensors ops write in place that are neither the call's arguments nor made by
+    an earlier op of the same run: state the function keeps elsewhere (Note [Verified replays])."""
+
+    def __init__(self, arguments: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._arguments = {_storage_key(t) for t in arguments}
+        self._made: set[int] = set()
+        self.written: dict[int, torch.Tensor] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = func._schema
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    key = _storage_key(t)
+                    if key not in self._arguments and key not in self._made:
+                        base = t if t._base is None else t._base  # the whole state tensor
+                        self.written.setdefault(id(base), base)
+        seen = {
+            _storage_key(t)
+            for t in _pytree.tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
+        out = func(*args, **kwargs)
+        for t in _pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and _storage_key(t) not in seen:
+                self._made.add(_storage_key(t))
+        return out
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr() or id(t.untyped_storage())
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass)
+        return id(t)
+
+
+def run_noting_state_writes(fn, args, kwargs, arguments):
+    """``(fn(*args, **kwargs), tensors)``: the call's result and the tensors it wrote that are not
+    ``arguments`` and were not made by the call (a buffer, a cache held in a closure)."""
+    mode = _StateWrites(arguments)
+    with mode:
+        out = fn(*args, **kwargs)
+    state = [t for t in mode.written.values() if t.numel() > 0]
+    if state:
+        _log.debug(
+            "verify: %d tensors written outside the arguments (%s) are restored around each eager "
+            "check",
+            len(state),
+            ", ".join(f"{t.dtype}{list(t.shape)}" for t in state[:4]),
+        )
+    return out, state
+
+
+def check(
+    name: str,
+    warn: bool,
+    replayed: Any,
+    eager: Any,
+    baked: str,
+    replayed_state: list[torch.Tensor] = (),
+    eager_state: list[torch.Tensor] = (),
+) -> Any:
     """Returns what the call returns: ``replayed`` if it matches ``eager``; otherwise raises
     ReplayMismatchError, or (``warn``) logs once and returns ``eager``. ``baked``: the first
-    recorded op whose non-tensor argument differs in the eager run (CPU backend), or ""."""
+    recorded op whose non-tensor argument differs in the eager run (CPU backend), or "".
+    ``replayed_state`` and ``eager_state``: what the replay and the eager run wrote into the
+    tensors the function writes outside its arguments, compared as well."""
     found = _difference(replayed, eager)
+    if found is None and replayed_state:
+        found = _difference(list(replayed_state), list(eager_state))
+        if found is not None:
+            where = found[0].replace("output ", "")
+            found = (
+                f"a tensor it writes outside its arguments (state {where}: a buffer, a "
+                "cache or a closure tensor)",
+                found[1],
+            )
     if found is None:
         return replayed
     where, what = found

@@ -5,9 +5,28 @@ import json
 import platform
 
 
+def _shadowed_by() -> str | None:
+    """The folder that hides the installed package, when ``graphtrees`` was imported as a
+    namespace package: run from the folder that holds a clone named ``graphtrees``, Python finds
+    the clone (no ``__init__.py`` at its root) before the installed package."""
+    import sys
+
+    pkg = sys.modules.get(__package__ or "graphtrees")
+    if pkg is None or getattr(pkg, "__file__", None) is not None:
+        return None
+    return ", ".join(getattr(pkg, "__path__", [])) or "an unknown folder"
+
+
 def collect():
     import torch
 
+    shadow = _shadowed_by()
+    if shadow is not None:
+        raise SystemExit(
+            f"graphtrees: 'import graphtrees' found the folder {shadow} (a directory named "
+            "graphtrees without an __init__.py, such as the clone itself) instead of the "
+            "installed package. Run from another folder, or from inside the clone."
+        )
     from . import __version__
     from ._ext import _import_error, has_ext
 

@@ -88,3 +88,13 @@ def test_buckets_are_validated():
             cudagraphify(lambda x: x, buckets=bad)
     with pytest.raises(ValueError, match="needs graphtrees.cudagraphify"):
         cudagraphify(lambda x: x).capture(torch.ones(2))
+
+
+def test_capture_progress_is_log_lines_off_a_terminal(capfd, caplog):
+    # A bar refreshes by rewriting its line: in a log file or CI that is a line per refresh.
+    f = cudagraphify(lambda x: x * 2, buckets=BUCKETS)
+    with caplog.at_level("INFO", logger="graphtrees"):
+        f.capture(torch.ones(3, 4))
+    err = capfd.readouterr().err
+    assert "\r" not in err and "bucket/s" not in err
+    assert sum("capture: " in r.getMessage() for r in caplog.records) == len(BUCKETS)

@@ -349,6 +349,46 @@ def test_verify_keeps_the_rng_where_the_replay_left_it(x):
     assert_close(follow, torch.randn(3))
 
 
+@pytest.mark.needs_kernels("reads on the host the state a replay wrote")
+@pytest.mark.parametrize("mode", [True, "warn"], ids=["raise", "warn"])
+def test_verify_updates_state_outside_the_arguments_once(device, mode, caplog):
+    # A cache and its position counter held in a closure (transformers' StaticCache): the eager
+    # check must start from the state the replay started from, and leave it as the replay did.
+    position = torch.zeros(1, dtype=torch.long, device=device)
+    cache = torch.zeros(8, device=device)
+
+    def step(x):
+        cache.index_copy_(0, position, x)
+        position.add_(1)
+        return cache * 2
+
+    g = cudagraphify(step, verify=mode, name="step")
+    want = torch.zeros(8)
+    with caplog.at_level(logging.WARNING, logger="graphtrees"):
+        for i in range(6):
+            out = g(torch.full((1,), i + 1.0, device=device))
+            want[i] = i + 1.0
+            assert position.item() == i + 1
+            assert_close(out, want.to(device) * 2)
+            assert_close(cache, want.to(device))
+    assert info(device)["num_replays"] == 4
+    assert "does not match" not in caplog.text
+
+
+@pytest.mark.needs_kernels("verify compares a replay's values with an eager run's")
+def test_verify_names_state_a_replay_writes_differently(device):
+    k = {"v": 1.0}
+    state = torch.zeros(4, device=device)
+    g = cudagraphify(lambda x: (state.fill_(k["v"]), x + 1)[1], verify=True, name="fills")
+    x = torch.ones(4, device=device)
+    for _ in range(3):
+        g(x)
+    k["v"] = 2.0
+    with pytest.raises(ReplayMismatchError, match=r"a tensor it writes outside its arguments"):
+        g(x)
+    assert_close(state, torch.ones(4, device=device))  # as the replay left it
+
+
 def test_verify_with_graphtrees_compile(x, monkeypatch):
     import graphtrees._verify as verify
 

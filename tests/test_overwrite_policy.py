@@ -104,7 +104,8 @@ def test_sampler_loop_of_50_steps_keeps_its_condition(device, tree_logs):
         assert_close(x, ref)
     assert "chain_limit=16" in tree_logs.text  # the new steps it started are logged once
     # The INFO line is logged once (each path's end is logged at DEBUG, naming the limit too).
-    assert tree_logs.text.count("on outputs of that step (chain_limit=16)") == 1
+    assert tree_logs.text.count("a new step starts every chain_limit=16 such calls") == 1
+    assert "this is expected" in tree_logs.text
 
 
 def test_chain_limit_bounds_the_recordings_of_a_loop(device):

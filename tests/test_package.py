@@ -347,3 +347,89 @@ def test_the_python_passes_ruff():
     r = subprocess.run([_tool("ruff"), "format", "--check", "--no-cache", "."],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_info_names_the_folder_that_shadows_the_package(tmp_path):
+    # Run from the folder holding a clone named "graphtrees": Python imports the clone's root as
+    # a namespace package; the command must say so rather than fail on a missing __version__.
+    (tmp_path / "graphtrees").symlink_to(ROOT, target_is_directory=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "graphtrees.info"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert r.returncode == 1
+    assert "instead of the installed package" in r.stderr
+    assert str(tmp_path / "graphtrees") in r.stderr
+    assert "__version__" not in r.stderr
+
+
+def _two(x, y):
+    return x + y
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [((1,), {}), ((1, 2, 3), {}), ((1, 2), {"z": 1})],
+    ids=["too-few", "too-many", "unknown-keyword"],
+)
+def test_a_wrong_call_raises_the_functions_own_type_error(args, kwargs):
+    g = graphtrees.cudagraphify(_two)
+    args = tuple(torch.ones(2) * a for a in args)
+    with pytest.raises(TypeError) as eager:
+        _two(*args, **kwargs)
+    with pytest.raises(TypeError) as graphed:
+        g(*args, **kwargs)
+    assert str(graphed.value) == str(eager.value)
+    assert torch.equal(g(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_failed_calls_do_not_count_as_signatures(caplog):
+    g = graphtrees.cudagraphify(_two)
+    with caplog.at_level("WARNING", logger="graphtrees"):
+        for n in range(12):
+            with pytest.raises(TypeError):
+                g(torch.ones(n + 1))
+        for n in range(8):
+            g(torch.ones(n + 1), torch.ones(n + 1))
+    assert "distinct signatures" not in caplog.text
+    with caplog.at_level("WARNING", logger="graphtrees"):
+        g(torch.ones(20), torch.ones(20))
+    assert "more than 8 distinct signatures" in caplog.text
+
+
+def test_a_wrapped_module_behaves_like_the_module():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    model.config = {"hidden": 4}
+    g = graphtrees.cudagraphify(model)
+    assert g.config is model.config and g.training
+    assert g.eval() is g and not model.training and not g.training
+    assert g.train() is g and model.training
+    assert g.requires_grad_(False) is g
+    assert [p for p in g.parameters()] == list(model.parameters())
+    assert g.state_dict().keys() == model.state_dict().keys()
+    assert g[0] is model[0] and len(g) == 3 and list(g) == list(model)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expect = model(x)
+        for _ in range(3):
+            assert torch.equal(g(x), expect)
+    assert graphtrees.tree_info()["num_replays"] >= 1
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        _ = g.no_such_thing
+    f = graphtrees.cudagraphify(_two)
+    assert bool(f)
+    with pytest.raises(AttributeError):
+        _ = f.parameters
+    with pytest.raises(TypeError, match="wraps a function"):
+        len(f)
+
+
+def test_a_wrapper_of_a_wrapper_is_named_after_what_it_wraps():
+    inner = graphtrees.cudagraphify(torch.nn.Linear(2, 2))
+    outer = graphtrees.cudagraphify(inner)
+    assert repr(outer) == "<graphtrees.GraphedCallable 'Linear'>"
+    fn = graphtrees.cudagraphify(graphtrees.cudagraphify(_two))
+    assert repr(fn) == "<graphtrees.GraphedCallable '_two'>"

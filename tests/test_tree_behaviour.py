@@ -367,6 +367,7 @@ def test_overwritten_message_names_the_functions(device):
     with pytest.raises(RuntimeError) as e:
         out.tolist()
     assert "<lambda>" in str(e.value) and "mark_step_begin" in str(e.value)
+    assert ".clone()" in str(e.value) and 'on_overwrite="copy"' in str(e.value)  # both remedies
 
 
 def test_outputs_not_overwritten_stay_valid(device):
