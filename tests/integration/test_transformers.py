@@ -160,6 +160,40 @@ def test_generate_with_compile_config_replays_on_its_hundredth_call(device):
     assert t["num_nodes"] <= 4  # the old caches' recordings were replaced, not kept
 
 
+@pytest.mark.needs_kernels("generate() stops on token values read from the device")
+@pytest.mark.parametrize("inner", [None, "aot_eager"], ids=["as-in-readme", "aot_eager"])
+def test_generate_with_one_static_cache_records_the_decode_step_once(device, inner):
+    # README's recipe: one StaticCache passed to every generate() call keeps the cache's
+    # addresses, so the decode step is recorded once and replayed by every later call, with
+    # either inner compiler. options= needs mode=None (torch.compile refuses both).
+    model = tiny_llama(device)
+    ids = torch.randint(0, 128, (1, 6), device=device)
+    want = model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static")
+    if inner is None:  # README's recipe: the default inner compiler (Inductor)
+        config = transformers.CompileConfig(backend="graphtrees")
+    else:
+        config = transformers.CompileConfig(
+            backend="graphtrees", mode=None, options={"inner": inner}
+        )
+    config._compile_all_devices = True  # on CPU transformers compiles only when asked
+    cache = transformers.StaticCache(config=model.config, max_cache_len=6 + 8)
+    replays = []
+    for _ in range(5):
+        cache.reset()
+        got = model.generate(
+            ids,
+            max_new_tokens=8,
+            do_sample=False,
+            compile_config=config,
+            **{cache_argument(model): cache},
+        )
+        assert torch.equal(got, want)
+        replays.append(info(device)["num_replays"])
+    t = info(device)
+    assert t["num_recordings"] == 1 and t["num_rerecords"] == 0 and t["num_fallbacks"] == 0, t
+    assert replays == sorted(set(replays)) and replays[-1] - replays[-2] >= 6  # every step replays
+
+
 def test_gpt2_wrapped_whole_with_its_default_cache_runs_eagerly(device, tree_logs):
     # use_cache=True (the default) returns a DynamicCache, which a graph cannot return: the
     # model runs eagerly with the reason and the hint logged once, and never raises.
@@ -200,6 +234,36 @@ def test_compiled_llama_split_at_its_attention_matches_eager(device, inner):
     assert info(device)["num_fallbacks"] == 0
     if inner == "aot_eager":
         assert_replays_ran_programs(device)
+
+
+@pytest.mark.needs_kernels("greedy decoding feeds back token values read from the device")
+@pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
+def test_compiled_llama_split_at_its_attention_decodes_with_a_static_cache(device, inner):
+    # README's piecewise recipe in a greedy loop: the StaticCache's layers are created inside
+    # the first compiled call (after a splitting op), and the loop runs past chain_limit.
+    model = tiny_llama(device)
+    prompt = torch.randint(0, 128, (1, 8), device=device)
+    new_tokens = 24
+    ref = model.generate(
+        prompt, max_new_tokens=new_tokens, do_sample=False, cache_implementation="static"
+    )
+    compiled = graphtrees.compile(
+        model, inner=inner, splitting_ops=["aten::scaled_dot_product_attention"]
+    )
+    cache = transformers.StaticCache(config=model.config, max_cache_len=8 + new_tokens)
+    arg = cache_argument(model)
+    for attempt in range(2):
+        cache.reset()
+        tokens, ids, position = prompt, prompt, torch.arange(8, device=device)
+        for _ in range(new_tokens):
+            out = compiled(input_ids=ids, cache_position=position, use_cache=True, **{arg: cache})
+            ids = out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, ids], dim=1)
+            position = torch.tensor([tokens.shape[1] - 1], device=device)
+        assert torch.equal(tokens, ref), (attempt, tokens, ref)
+    t = info(device)
+    assert t["num_fallbacks"] == 0 and t["num_replays"] > new_tokens, t
+    assert all("inference[" in n["function"] for n in t["nodes"]), t["nodes"]  # split pieces
 
 
 def tiny_mixtral(device):
