@@ -62,14 +62,6 @@ struct FunctionRecord {
   // Why the function runs eagerly from now on; empty while it is graphed.
   std::string eager_reason;
   int64_t replays = 0;  // over its life, in every tree: GraphedCallable's eviction policy
-
-  // The tree that ran it last (its serial) and this record's state there: a cache of the
-  // tree's own maps, so that a call costs no lookup when one thread runs the function.
-  struct TreeCache {
-    int64_t tree = -1;
-    FunctionState* state = nullptr;
-    CallableState* callable = nullptr;
-  } cache;
 };
 
 // What a capture of `fn` is asked to record.

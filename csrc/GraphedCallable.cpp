@@ -9,6 +9,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -100,7 +101,24 @@ void GraphedCallable::refreshModuleTensors() {
 }
 
 std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c10::Device device) {
-  if (auto found = signatures_.find(flat.key)) return found;
+  // Objects whose hashes collide with a signature's, but that are not its objects, get a key of
+  // their own (Note [Objects in the call signature]).
+  std::string key = flat.key;
+  for (int variant = 0;; ++variant) {
+    auto found = signatures_.find(key);
+    if (!found) break;
+    if (found->key_objects.matches(flat.key_objects)) return found;
+    // An argument object it was made for has died: it can never match again, and its
+    // recordings go with it (unless one is on the current path: then the next variant).
+    if (found->key_objects.anyDead() &&
+        TreeRegistry::evictFunction(
+            found->device, found->record.id,
+            "'" + found->record.name + "' was recorded for an argument object that was freed")) {
+      signatures_.erase(key);
+      break;
+    }
+    key = flat.key + '\x01' + std::to_string(variant);
+  }
   const bool room = signatures_.makeRoom([&](const Signature& victim) {
     return TreeRegistry::evictFunction(
         victim.device, victim.record.id,
@@ -122,7 +140,8 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
   r.is_static = flat.is_static;
   r.options = &options_;
   r.generators = flat.generators;
-  signatures_.insert(flat.key, sig);
+  sig->key_objects.hold(flat.key_objects);
+  signatures_.insert(key, sig);
   return sig;
 }
 
@@ -282,7 +301,17 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     flat.key.push_back('A');
     flat.key.push_back(static_cast<char>(at::autocast::get_autocast_dtype(device.type())));
   }
+  // torch.set_default_dtype() changes what factory calls inside the function make: another
+  // recording, as autocast is.
+  if (const auto d = c10::typeMetaToScalarType(c10::get_default_dtype());
+      d != c10::ScalarType::Float) {
+    flat.key.push_back('D');
+    flat.key.push_back(static_cast<char>(d));
+  }
   const bool grad = at::GradMode::is_enabled();
+  // Grad mode changes what a function that reaches tensors requiring grad computes (a closure's
+  // parameters): another signature.
+  if (grad) flat.key.push_back('g');
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
     const at::Tensor& t = flat.tensors[i];
     if (t.device() != device) {
@@ -359,6 +388,19 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
                    ? " (for a transformers model, pass use_cache=False, or pass a StaticCache "
                      "as its cache argument: a cache passed in is returned as it is)"
                    : "");
+          outs.clear();
+        }
+        // Results that need autograd although no argument does: the function reaches
+        // parameters through a closure (cudagraphify(lambda x: lin(x))). A replay would return
+        // them detached, and their .grad would never be set.
+        if (at::GradMode::is_enabled() &&
+            std::any_of(outs.begin(), outs.end(),
+                        [](const at::Tensor& t) { return t.requires_grad(); })) {
+          sig.record.eager_reason =
+              "its results require grad through tensors that are not its arguments "
+              "(parameters reached through a closure): pass the module to "
+              "graphtrees.cudagraphify (its parameters are then inputs), train through "
+              "torch.compile(backend=\"graphtrees\"), or call it under torch.no_grad()";
           outs.clear();
         }
       }

@@ -7,7 +7,8 @@
 
 namespace graphtrees {
 
-std::string InputMutationCheck::reason(int64_t input, const std::string& op, const char* advice) {
+std::string InputMutationCheck::reason(int64_t input, const std::string& op,
+                                       const std::string& advice) {
   return "it mutates its input tensor #" + std::to_string(input) + " in place" +
          (op.empty() ? "" : " (" + op + ")") + "; a graph would mutate a private copy instead" +
          advice;
@@ -25,8 +26,11 @@ InputMutationCheck::InputMutationCheck(const std::vector<at::Tensor>& tensors,
                                        const std::vector<int64_t>& which)
     : tensors_(tensors), which_(which) {
   versions_.reserve(which_.size());
+  metas_.reserve(which_.size());
   for (int64_t i : which_) {
     versions_.push_back(versionOf(tensors_[i]));
+    metas_.push_back(
+        {tensors_[i].sizes().vec(), tensors_[i].strides().vec(), tensors_[i].storage_offset()});
     if (!tensors_[i].has_storage()) continue;
     const c10::StorageImpl* storage = tensors_[i].storage().unsafeGetStorageImpl();
     if (tensors_[i].is_inference()) unversioned_.emplace(storage, i);
@@ -56,6 +60,26 @@ int64_t InputMutationCheck::firstMutated(std::string* op) const {
     if (versions_[k] >= 0 && versionOf(tensors_[which_[k]]) != versions_[k]) return which_[k];
   }
   return -1;
+}
+
+bool InputMutationCheck::metadataChanged(int64_t i) const {
+  for (size_t k = 0; k < which_.size(); ++k) {
+    if (which_[k] != i) continue;
+    const at::Tensor& t = tensors_[i];
+    return !t.sizes().equals(metas_[k].sizes) || !t.strides().equals(metas_[k].strides) ||
+           t.storage_offset() != metas_[k].offset;
+  }
+  return false;
+}
+
+std::vector<int64_t> InputMutationCheck::versionMutated() const {
+  std::vector<int64_t> out;
+  for (size_t k = 0; k < which_.size(); ++k) {
+    if (versions_[k] >= 0 && versionOf(tensors_[which_[k]]) != versions_[k]) {
+      out.push_back(which_[k]);
+    }
+  }
+  return out;
 }
 
 std::unique_ptr<at::ObserverContext> InputMutationCheck::onStart(const at::RecordFunction& fn) {

@@ -30,8 +30,15 @@ class InputMutationCheck {
   // After the run: the first input it mutated (a flat index) or -1; `op` names the op when the
   // schema watch saw it.
   int64_t firstMutated(std::string* op) const;
+  // After the run: every input whose version counter moved, and whether a mutation was seen
+  // only by the schema watch (an inference tensor, an in-place collective).
+  std::vector<int64_t> versionMutated() const;
+  bool watchedMutation() const { return watched_mutation_ >= 0; }
+  // Whether input `i` (one of `which`) has other sizes, strides or offset than when the check
+  // began: an in-place metadata op (squeeze_, t_, resize_, as_strided_).
+  bool metadataChanged(int64_t i) const;
   // The eager reason for a function that mutated input `input` (by `op`, if known).
-  static std::string reason(int64_t input, const std::string& op, const char* advice);
+  static std::string reason(int64_t input, const std::string& op, const std::string& advice);
 
  private:
   static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
@@ -40,6 +47,11 @@ class InputMutationCheck {
   const std::vector<at::Tensor>& tensors_;
   std::vector<int64_t> which_;
   std::vector<int64_t> versions_;  // -1 for inference tensors
+  struct Meta {
+    std::vector<int64_t> sizes, strides;
+    int64_t offset;
+  };
+  std::vector<Meta> metas_;  // parallel to which_
   std::unordered_map<const c10::StorageImpl*, int64_t> unversioned_;
   std::unordered_map<const c10::StorageImpl*, int64_t> watched_;  // every input, for collectives
   int64_t watched_mutation_ = -1;

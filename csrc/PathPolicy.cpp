@@ -46,7 +46,7 @@ std::optional<std::string> PathPolicy::stepBegan() {
 // backward and its last recorded backward piece closes it (the others have counts_pending off).
 std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
                                                    bool consumes_generation_output) {
-  const CallableState& callable = *fn.cache.callable;
+  const CallableState& callable = callableState(fn.callable_id);
   if (callable.last_generation != generation_) return std::nullopt;
   const bool fresh = !consumes_generation_output;
   const std::string again = "'" + fn.name + "' was called again";
@@ -82,7 +82,7 @@ std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
 }
 
 void PathPolicy::noteRun(const FunctionRecord& fn) {
-  CallableState& c = *fn.cache.callable;
+  CallableState& c = callableState(fn.callable_id);
   if (c.last_generation != generation_) {
     c.last_generation = generation_;
     c.runs_in_generation = 0;

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
+#include <unordered_map>
 
 namespace graphtrees {
 
@@ -54,6 +55,8 @@ void appendTensorKey(std::string* key, const at::Tensor& t, bool is_static) {
   // AOTAutograd's forward/backward graphs it does not), so it is keyed only then.
   key->push_back(t.requires_grad() && at::GradMode::is_enabled() ? 1 : 0);
   key->push_back(static_cast<char>(is_static));
+  // A conjugate or negative view reads its bytes another way (Note in TensorMeta).
+  key->push_back(static_cast<char>((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0)));
   appendRaw(key, static_cast<int16_t>(t.dim()));
   for (int64_t s : t.sizes()) appendRaw(key, s);
   for (int64_t s : t.strides()) appendRaw(key, s);
@@ -77,6 +80,13 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
       out->unsupported =
           "a nested tensor argument (only strided tensors with storage can be "
           "graphed)";
+      out->unsupported_device = t.device();
+      return;
+    }
+    if (t.is_quantized()) {
+      out->unsupported =
+          "a quantized tensor argument (its scale and zero point live outside its "
+          "storage, so a graph cannot take it as an input)";
       out->unsupported_device = t.device();
       return;
     }
@@ -172,6 +182,8 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     key->push_back('o');
     appendRaw(key, reinterpret_cast<uintptr_t>(Py_TYPE(obj)));
     appendRaw(key, static_cast<int64_t>(h));
+    // Note [Objects in the call signature]
+    out->key_objects.push_back(py::reinterpret_borrow<py::object>(obj));
   }
 }
 
@@ -261,6 +273,30 @@ void FlatArgs::rekey() {
   key.resize(structure_bytes);
   key.reserve(structure_bytes + keyed_tensors * 40);
   for (size_t i = 0; i < keyed_tensors; ++i) appendTensorKey(&key, tensors[i], is_static[i] != 0);
+  // The same tensor passed twice (mha(x, x, x)) is recorded with one placeholder, so that the
+  // function sees one tensor as eagerly (`query is key` picks a path): which arguments are the
+  // same tensor is part of the signature.
+  const auto same = [&](size_t i, size_t j) {
+    key.push_back('=');
+    appendRaw(&key, static_cast<uint32_t>(i));
+    appendRaw(&key, static_cast<uint32_t>(j));
+  };
+  if (keyed_tensors <= 8) {
+    for (size_t i = 1; i < keyed_tensors; ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (tensors[j].unsafeGetTensorImpl() == tensors[i].unsafeGetTensorImpl()) {
+          same(i, j);
+          break;
+        }
+      }
+    }
+  } else {
+    std::unordered_map<const c10::TensorImpl*, size_t> first;
+    for (size_t i = 0; i < keyed_tensors; ++i) {
+      auto [it, fresh] = first.emplace(tensors[i].unsafeGetTensorImpl(), i);
+      if (!fresh) same(i, it->second);
+    }
+  }
 }
 
 std::pair<py::tuple, py::dict> rebuildArgs(py::handle args, py::handle kwargs,
@@ -324,7 +360,18 @@ void OutputSpec::flattenInto(py::handle obj, std::vector<at::Tensor>* tensors,
       throw py::type_error("graphtrees: '" + name + "' returned a tensor with layout " +
                            c10::str(t.layout()) + "; only strided tensors can be graphed");
     }
-    entries_.push_back({Kind::kTensor, 0, py::object()});
+    if (t.is_quantized()) {
+      throw py::type_error("graphtrees: '" + name +
+                           "' returned a quantized tensor, which graphtrees cannot rebuild on "
+                           "replay (its scale and zero point live outside its storage)");
+    }
+    // An nn.Parameter (a module's weight returned as it is) comes back as that Parameter.
+    py::object param;
+    if (Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(ParameterClass)) {
+      param = py::reinterpret_steal<py::object>(PyWeakref_NewRef(o, nullptr));
+      if (!param) throw py::error_already_set();
+    }
+    entries_.push_back({Kind::kTensor, 0, std::move(param)});
     tensors->push_back(t);
     return;
   }
@@ -396,8 +443,27 @@ py::object OutputSpec::build(size_t* pos, const std::vector<at::Tensor>& tensors
                              py::handle call_args, py::handle call_kwargs) const {
   const Entry& e = entries_[(*pos)++];
   switch (e.kind) {
-    case Kind::kTensor:
-      return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensors[(*next)++]));
+    case Kind::kTensor: {
+      const at::Tensor& t = tensors[(*next)++];
+      if (e.value) {  // a Parameter when recorded: that Parameter, if it is still this tensor
+#if PY_VERSION_HEX >= 0x030D0000
+        PyObject* param = nullptr;
+        if (PyWeakref_GetRef(e.value.ptr(), &param) < 0) PyErr_Clear();
+        py::object owner = py::reinterpret_steal<py::object>(param);
+#else
+        py::object owner = py::reinterpret_borrow<py::object>(PyWeakref_GetObject(e.value.ptr()));
+#endif
+        if (owner && THPVariable_Check(owner.ptr())) {
+          const at::Tensor& p = THPVariable_Unpack(owner.ptr());
+          if (p.is_same(t) ||
+              (p.data_ptr() == t.data_ptr() && p.sizes().equals(t.sizes()) &&
+               p.strides().equals(t.strides()) && p.scalar_type() == t.scalar_type())) {
+            return owner;
+          }
+        }
+      }
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+    }
     case Kind::kConstant:
       return e.value;
     case Kind::kArgument: {

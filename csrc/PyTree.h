@@ -14,6 +14,8 @@
 // the Python layer's hooks (setPyTreeHooks), one level at a time; the plain containers above keep
 // the fast C++ path.
 
+#include "KeyObjects.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -42,6 +44,9 @@ struct FlatArgs {
   std::optional<c10::Device> unsupported_device;
   size_t structure_bytes = 0;
   size_t keyed_tensors = 0;  // the argument tensors (the first ones of `tensors`)
+  // Other argument objects, keyed by their hash only (Note [Objects in the call signature]);
+  // owned, since a pytree node's children may be made by its flatten function.
+  std::vector<py::object> key_objects;
 
   // Recomputes the key's tensor part after the argument tensors changed (bucket padding), without
   // flattening the arguments again.

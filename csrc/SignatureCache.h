@@ -24,6 +24,7 @@ struct Signature {
   std::unique_ptr<OutputSpec> spec;  // the structure of its results, from its first call
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   uint64_t last_used = 0;
+  KeyObjects key_objects;  // Note [Objects in the call signature]
   bool ran = false;  // a call of it has returned (failed calls do not count as signatures seen)
   // verify: the tensors its first run wrote that are not its arguments (Note [Verified replays])
   bool verify_state_known = false;
@@ -46,6 +47,7 @@ class SignatureCache {
   // callable thrashes and the recorded signatures are kept.
   bool makeRoom(const std::function<bool(const Signature& victim)>& evict);
   void insert(const std::string& key, std::shared_ptr<Signature> sig);
+  void erase(const std::string& key) { signatures_.erase(key); }
 
   size_t size() const { return signatures_.size(); }
   int maxRecordedShapes() const { return max_; }

@@ -1,14 +1,13 @@
 #include "TreeManager.h"
 
 #include "AutocastState.h"
+#include "CopiedInputs.h"
 #include "FailureInjection.h"
 #include "InputMutationCheck.h"
 #include "Logging.h"
 #include "PythonHooks.h"
 #include "ThreadState.h"
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -32,13 +31,10 @@ bool copyOnOverwrite(const FunctionRecord& fn) {
 std::string whereOf(const TreeNode* node) {
   return node ? "node " + std::to_string(node->id()) : "the root";
 }
-
-std::atomic<int64_t> next_tree_serial{1};
 }  // namespace
 
 TreeManager::TreeManager(std::unique_ptr<Backend> backend, int64_t owner, StepCounter steps)
     : backend_(std::move(backend)),
-      serial_(next_tree_serial++),
       owner_(owner),
       policy_(std::move(steps)),
       live_(*backend_, counters_),
@@ -68,13 +64,9 @@ void TreeManager::close() {
 }
 
 FunctionState& TreeManager::stateOf(FunctionRecord& fn) {
-  if (C10_UNLIKELY(fn.cache.tree != serial_)) {
-    // Pointers into the maps stay valid: their entries are never erased.
-    fn.cache.state = &functions_[fn.id];
-    fn.cache.callable = &policy_.callableState(fn.callable_id);
-    fn.cache.tree = serial_;
-  }
-  return *fn.cache.state;
+  // Looked up here on every call: a record is shared by every thread's tree, and a cache on
+  // it would be switched by another thread while this one replays without the GIL.
+  return functions_[fn.id];
 }
 
 // Ends the current path (Note [Ending a path] in PathPolicy.cpp): the step's pool outputs are
@@ -349,13 +341,16 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   std::vector<at::Tensor> outs;
   int64_t mutated = -1;
   std::string mutating_op;
+  std::string why_not;  // why a mutated input cannot be written back
   try {
     InputMutationCheck mutations(ins, unmanaged);
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PoolRoutingGuard routing(*backend_);
     outs = run(ins);
     routing.end();
-    mutated = mutations.firstMutated(&mutating_op);
+    // On the caller's tensors: one that can be written back is mutated as eagerly (CopiedInputs.h).
+    mutated = CopiedInputs::firstNotWrittenBack(mutations, ins, unmanaged, &mutating_op, &why_not,
+                                                nullptr);
   } catch (const c10::OutOfMemoryError& e) {
     outs.clear();
     // Memory the device's allocator caches outside the pool may be enough: one more try.
@@ -364,7 +359,10 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   }
   if (mutated >= 0) {
     fn.eager_reason = InputMutationCheck::reason(
-        mutated, mutating_op, ". Pass it through static_argnums if its address is stable");
+        mutated, mutating_op,
+        (why_not.empty() ? std::string()
+                         : ", and the copy cannot be written back into it (" + why_not + ")") +
+            ". Pass it through static_argnums if its address is stable");
     noteFallback(fn, fn.eager_reason);
   }
   live_.trackWarmupOutputs(outs, ins, fn.name, copyOnOverwrite(fn), policy_.generation());
@@ -402,19 +400,7 @@ bool TreeManager::copyIntoPlaceholders(FunctionRecord& fn, const std::vector<at:
   try {
     // Allocated in the pool, outside the capture.
     PoolRoutingGuard routing(*backend_);
-    for (size_t i = 0; i < ins.size(); ++i) {
-      if (key.kinds[i] != InputKind::kCopied) continue;
-      const at::Tensor& src = ins[i];
-      // The placeholder keeps the caller's strides (a compiled graph was made for them), gaps
-      // included (a slice such as tokens[:, :-1]); only an input whose elements overlap (an
-      // expanded tensor) gets a contiguous placeholder, since nothing can be copied into it.
-      rec->dense[i] = TreeNode::elementsDoNotOverlap(src) ? 1 : 0;
-      at::Tensor ph = rec->dense[i] ? at::empty_strided(src.sizes(), src.strides(), src.options())
-                                    : at::empty(src.sizes(), src.options());
-      ph.copy_(src);
-      rec->inputs[i] = std::move(ph);
-      rec->copied.push_back(static_cast<int64_t>(i));
-    }
+    CopiedInputs::makePlaceholders(ins, key.kinds, rec);
     routing.end();
     return true;
   } catch (const c10::OutOfMemoryError& e) {
@@ -431,13 +417,16 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
                           const CallKey& key, bool retried, Recording* rec, CallResult* fallback) {
   int64_t mutated = -1;
   std::string mutating_op;
+  std::string why_not;  // why a mutated input cannot be written back
   std::optional<InputMutationCheck> mutations;
   try {
     mutations.emplace(rec->inputs, rec->copied);
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     rec->graph = backend_->capture(run, rec->inputs, &rec->outputs, captureSpec(fn));
-    mutated = mutations->firstMutated(&mutating_op);
+    // The placeholders ran: those that can be are written back (Note in CopiedInputs.h).
+    mutated = CopiedInputs::firstNotWrittenBack(*mutations, ins, rec->copied, &mutating_op,
+                                                &why_not, &rec->written_back);
   } catch (const c10::OutOfMemoryError& e) {
     *rec = Recording();
     mutations.reset();
@@ -475,8 +464,10 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     noteFallback(fn, fn.eager_reason);
     return false;
   }
-  if (mutated < 0) return true;
-  fn.eager_reason = InputMutationCheck::reason(mutated, mutating_op, "");
+  if (mutated < 0) return true;  // the write-back of the recording call is publish()'s
+  fn.eager_reason = InputMutationCheck::reason(
+      mutated, mutating_op,
+      why_not.empty() ? "" : ", and the copy cannot be written back into it (" + why_not + ")");
   *rec = Recording();
   *fallback = runEager(fn, ins, run, fn.eager_reason);
   return false;
@@ -527,11 +518,17 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
   bookkeeping_.markExact();
   counters_.num_recordings++;
   policy_.noteRun(fn);
-  logMessage(LogLevel::kInfo, "recorded node " + std::to_string(raw->id()) + " for '" + fn.name +
-                                  "' under " + whereOf(raw->parent()) + " (" +
-                                  std::to_string(raw->copiedInputs().size()) + " copied inputs, " +
-                                  std::to_string(raw->slots().size()) + " output blocks, " +
-                                  bytesString(raw->poolBytes()) + " written)");
+  logMessage(LogLevel::kInfo,
+             "recorded node " + std::to_string(raw->id()) + " for '" + fn.name + "' under " +
+                 whereOf(raw->parent()) + " (" + std::to_string(raw->copiedInputs().size()) +
+                 " copied inputs, " +
+                 (raw->writtenBack().empty()
+                      ? std::string()
+                      : std::to_string(raw->writtenBack().size()) + " written back, ") +
+                 std::to_string(raw->slots().size()) + " output blocks, " +
+                 bytesString(raw->poolBytes()) + " written)");
+  // The recording's mutations of copied inputs reach the caller now that no fallback can follow.
+  for (size_t k : raw->writtenBack()) ins[raw->copiedInputs()[k]].copy_(raw->placeholders()[k]);
   // Outputs that alias an input the restore had to invalidate alias its clone (Note [The inputs a
   // run uses]).
   return {raw->buildOutputs(slot_storages, ins), RunKind::kRecord};
@@ -552,6 +549,8 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   bookkeeping_.markStale();
   backend_->copyInputs(node.placeholders(), sources);
   node.graph().replay(run, inputs, copied, node.placeholders());
+  // Note [Copied inputs written back] in CopiedInputs.h (a cloned source: for aliasing outputs).
+  for (size_t k : node.writtenBack()) sources[k].copy_(node.placeholders()[k]);
   counters_.num_program_replays += node.graph().replaysProgram() ? 1 : 0;
   std::vector<c10::Storage> storages;
   storages.reserve(node.slots().size());

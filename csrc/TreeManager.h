@@ -112,7 +112,7 @@ class TreeManager {
 
   CallResult callImpl(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run);
   CallKey keyOf(const FunctionRecord& fn, const std::vector<at::Tensor>& inputs) const;
-  // This tree's state of `fn` (cached in the record).
+  // This tree's state of `fn`.
   FunctionState& stateOf(FunctionRecord& fn);
   void endPath(const std::string& why, const std::vector<at::Tensor>& spare);
 
@@ -152,6 +152,7 @@ class TreeManager {
                             CallResult* fallback);
   bool capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
                const CallKey& key, bool retried, Recording* rec, CallResult* fallback);
+  // Note [Copied inputs written back] in CopiedInputs.h.
   // Note [Publishing a node]
   // The pool is checkpointed before the node is built and enters the tree: a checkpoint that
   // throws (c10's refuses blocks with pending cross-stream events) leaves the tree exactly as it
@@ -223,7 +224,6 @@ class TreeManager {
   int64_t evictForMemory(const std::vector<at::Tensor>& inputs, std::string* evicted);
 
   std::unique_ptr<Backend> backend_;
-  const int64_t serial_;  // unique over the process's life (FunctionRecord::cache)
   const int64_t owner_;
   std::unordered_map<int64_t, FunctionState> functions_;  // by function id; never erased
   std::recursive_mutex mutex_;

@@ -39,6 +39,7 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   node->key_ptrs_ = std::move(rec.key_ptrs);
   node->key_hash_ = rec.key_hash;
   node->copied_inputs_ = rec.copied;
+  node->written_back_ = rec.written_back;
   for (size_t i = 0; i < rec.inputs.size(); ++i) {
     if (rec.input_kinds[i] == InputKind::kStatic && rec.inputs[i].has_storage()) {
       node->static_storages_.push_back(rec.inputs[i].storage().getWeakStorageImpl());
@@ -100,8 +101,18 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   }
   // Placeholders become non-owning views: their blocks are free for descendants once this
   // recording is done (unless an output keeps them), and a replay copies into the same address.
-  for (int64_t i : rec.copied) {
-    const auto& ph = rec.inputs[i];
+  for (size_t k = 0; k < rec.copied.size(); ++k) {
+    const auto& ph = rec.inputs[rec.copied[k]];
+    // The same tensor at two positions (FlatArgs::rekey) stays one tensor in every replay.
+    size_t same = 0;
+    while (same < k &&
+           rec.inputs[rec.copied[same]].unsafeGetTensorImpl() != ph.unsafeGetTensorImpl()) {
+      ++same;
+    }
+    if (same < k) {
+      node->placeholders_.push_back(node->placeholders_[same]);
+      continue;
+    }
     node->placeholders_.push_back(
         makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(ph.storage().data()),
                                     ph.storage().nbytes(), device),
@@ -200,6 +211,8 @@ at::Tensor makeTensor(c10::Storage storage, const TensorMeta& meta) {
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys,
                                                     c10::scalarTypeToTypeMeta(meta.dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes, meta.strides, meta.storage_offset);
+  if (meta.conj) t.unsafeGetTensorImpl()->_set_conj(true);
+  if (meta.neg) t.unsafeGetTensorImpl()->_set_neg(true);
   return t;
 }
 
@@ -210,6 +223,8 @@ TensorMeta metaOf(const at::Tensor& t) {
   m.storage_offset = t.storage_offset();
   m.dtype = t.scalar_type();
   m.device = t.device();
+  m.conj = t.is_conj();
+  m.neg = t.is_neg();
   return m;
 }
 

@@ -51,6 +51,10 @@ struct TensorMeta {
   int64_t storage_offset = 0;
   c10::ScalarType dtype = c10::ScalarType::Float;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
+  // A conjugate or negative view ((z * 2).conj(), .mH, torch._neg_view): the bytes are the
+  // unconjugated values and the bit says how to read them, so a rebuilt tensor needs it too.
+  bool conj = false;
+  bool neg = false;
 };
 
 enum class OutputKind : uint8_t {
@@ -85,6 +89,9 @@ struct Recording {
   std::vector<uint8_t> dense;       // per flat input: the placeholder has the caller's strides
   std::vector<at::Tensor> inputs;   // what the capture ran on (placeholders at copied positions)
   std::vector<at::Tensor> outputs;  // what the capture returned
+  // Positions in `copied` of the inputs it mutates: copied back into the caller's tensors after
+  // each replay (Note [Copied inputs written back] in CopiedInputs.h).
+  std::vector<size_t> written_back;
   std::unique_ptr<Graph> graph;
   c10::Device graph_device = c10::Device(c10::DeviceType::CPU);
 };
@@ -131,6 +138,7 @@ class TreeNode {
   const std::string& functionName() const { return function_name_; }
   const std::vector<InputKind>& inputKinds() const { return input_kinds_; }
   const std::vector<int64_t>& copiedInputs() const { return copied_inputs_; }
+  const std::vector<size_t>& writtenBack() const { return written_back_; }
   const std::vector<at::Tensor>& placeholders() const { return placeholders_; }
   const std::vector<Slot>& slots() const { return slots_; }
   int64_t numOutputs() const { return static_cast<int64_t>(outputs_.size()); }
@@ -207,6 +215,7 @@ class TreeNode {
   std::vector<InputKind> input_kinds_;
   std::vector<int64_t> copied_inputs_;    // flat indices of copied inputs
   std::vector<at::Tensor> placeholders_;  // non-owning views, parallel to copied_inputs_
+  std::vector<size_t> written_back_;      // positions in copied_inputs_ (Recording::written_back)
   std::vector<uintptr_t> key_ptrs_;
   uint64_t key_hash_ = 0;
   std::vector<OutputInfo> outputs_;

@@ -14,9 +14,19 @@ ReplayVerifier::ReplayVerifier(const FlatArgs& flat, c10::Device device,
   generators_.push_back(at::globalContext().defaultGenerator(device));
   generators_.insert(generators_.end(), flat.generators.begin(), flat.generators.end());
   for (size_t i = 0; i < flat.tensors.size(); ++i) {
-    // Module tensors (after the argument ones) are read in place by the eager run.
-    inputs_.push_back(i < flat.keyed_tensors ? flat.tensors[i].clone() : flat.tensors[i]);
-    if (i < flat.keyed_tensors) copies_.push_back(inputs_.back());
+    // Module tensors (after the argument ones) are read in place by the eager run; the same
+    // tensor passed twice is one copy, as it is one tensor eagerly.
+    at::Tensor copy = flat.tensors[i];
+    if (i < flat.keyed_tensors) {
+      size_t same = 0;
+      while (same < i &&
+             flat.tensors[same].unsafeGetTensorImpl() != flat.tensors[i].unsafeGetTensorImpl()) {
+        ++same;
+      }
+      copy = same < i ? copies_[same] : flat.tensors[i].clone();
+      copies_.push_back(copy);
+    }
+    inputs_.push_back(std::move(copy));
   }
   before_ = RngStates(generators_);
 }

@@ -226,14 +226,33 @@ def _find_tensors_in_blocks(addresses):
         cls = type(obj)
         if cls not in plain and not issubclass(cls, torch.nn.Parameter):
             continue
-        if not obj.is_meta and obj.layout == torch.strided:
+        if obj.is_meta:
+            continue
+        for t in (obj,) if obj.layout == torch.strided else _sparse_components(obj):
             try:
-                ptr = obj.untyped_storage().data_ptr()
+                ptr = t.untyped_storage().data_ptr()
             except (RuntimeError, NotImplementedError):  # no storage, or an invalidated one
                 continue
             if ptr in wanted and ptr not in found:
-                found[ptr] = obj
+                found[ptr] = t
     return list(found.values())
+
+
+def _sparse_components(t):
+    """The strided tensors a sparse tensor keeps its data in (they share its storages): a
+    sparse result of a warmup lives in the pool through them."""
+    import torch
+
+    try:
+        if t.layout == torch.sparse_coo:
+            return (t._indices(), t._values())
+        if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+            return (t.crow_indices(), t.col_indices(), t.values())
+        if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+            return (t.ccol_indices(), t.row_indices(), t.values())
+    except (RuntimeError, NotImplementedError):
+        pass
+    return ()
 
 
 # Counts the parameters, buffers and submodules any module registers; wrapped modules re-read

@@ -485,8 +485,16 @@ def collectives_under_load(rank, world_size, calls=1000):
         _gather(out, t * 3)  # t * 3 is a temporary the function does not return
         return out
 
+    def both_fn(t):
+        # A temporary input (t * 2) and a temporary output (out): the replay's later
+        # allocations reuse their memory only once gloo's worker has dropped them.
+        out = torch.empty(world_size * t.numel())
+        _gather(out, t * 2)
+        return out + 1
+
     f = graphtrees.cudagraphify(reduce_fn, name=f"reduce_rank{rank}", cpu_replay="python")
     g = graphtrees.cudagraphify(gather_fn, name=f"gather_rank{rank}", cpu_replay="python")
+    h = graphtrees.cudagraphify(both_fn, name=f"both_rank{rank}")
     with torch.no_grad():
         for i in range(calls):
             t = torch.full((4,), float(i + rank))
@@ -495,6 +503,10 @@ def collectives_under_load(rank, world_size, calls=1000):
             graphtrees.mark_step_begin()
             got = g(t)
             assert torch.equal(got, torch.cat([torch.full((4,), 3.0 * (i + r)) for r in range(2)]))
+            graphtrees.mark_step_begin()
+            got = h(t)
+            want = torch.cat([torch.full((4,), 2.0 * (i + r) + 1) for r in range(world_size)])
+            assert torch.equal(got, want), i
             graphtrees.mark_step_begin()
     ok, why = graphtrees.check_pool_invariants("cpu")
     assert ok, why

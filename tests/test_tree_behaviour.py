@@ -465,18 +465,44 @@ def test_unsupported_arguments_fall_back(device, tree_logs):
     assert "no tensor arguments" in tree_logs.text
 
 
-def test_inplace_mutation_of_copied_input_falls_back(device, tree_logs):
-    def f(x):
-        x.add_(1)
+@pytest.mark.needs_kernels("reads the values a replay wrote back")
+def test_inplace_mutation_of_a_copied_input_is_written_back(device, tree_logs):
+    # Note [Copied inputs written back]: the caller's tensor gets what eager leaves in it.
+    def f(x, y):
+        x.add_(y)
+        return x * 2
+
+    g = cudagraphify(f)
+    x = torch.zeros(4, device=device)
+    for i in range(5):
+        out = g(x, torch.ones(4, device=device))
+        assert_close(x, torch.full((4,), float(i + 1), device=device))
+        assert_close(out, x * 2)
+    assert info(device)["num_nodes"] == 1 and info(device)["num_replays"] == 3
+    assert "1 written back" in tree_logs.text
+    # Another tensor each call, and a view: each gets its own values back.
+    for _ in range(3):
+        base = torch.zeros(3, 4, device=device)
+        g(base[1], torch.full((4,), 2.0, device=device))
+        assert_close(
+            base, torch.stack([torch.zeros(4), torch.full((4,), 2.0), torch.zeros(4)]).to(device)
+        )
+
+
+def test_inplace_mutation_of_an_input_sharing_memory_with_another_falls_back(device, tree_logs):
+    def f(x, part):
+        part.add_(1)
         return x * 2
 
     g = cudagraphify(f)
     x = torch.zeros(4, device=device)
     for i in range(4):
-        out = g(x)
-        assert_close(x, torch.full((4,), float(i + 1), device=device))
+        out = g(x, x[:2])
+        assert_close(x[:2], torch.full((2,), float(i + 1), device=device))
         assert_close(out, x * 2)
-    assert "mutates its input tensor #0 in place" in tree_logs.text
+    # x and x[:2] share a version counter: either may be named, with the other as the reason.
+    assert "mutates its input tensor #" in tree_logs.text
+    assert "cannot be written back into it (it shares its memory with input #" in tree_logs.text
     assert info(device)["num_nodes"] == 0
 
 

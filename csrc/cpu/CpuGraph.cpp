@@ -9,8 +9,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <random>
 
 namespace graphtrees {
 
@@ -19,8 +21,9 @@ namespace {
 // Contiguous copies compared byte for byte (NaNs included).
 bool sameBytes(const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
-  const at::Tensor ca = a.contiguous();
-  const at::Tensor cb = b.contiguous();
+  // Values, not raw bytes: a conjugate or negative view's bytes are read through its bit.
+  const at::Tensor ca = a.resolve_conj().resolve_neg().contiguous();
+  const at::Tensor cb = b.resolve_conj().resolve_neg().contiguous();
   return std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
 }
 
@@ -35,8 +38,10 @@ std::string firstLine(const std::string& s) {
 
 // Runs `program` as a replay of the recording that made `recorded` runs it.
 void runOpProgram(const OpProgram& program, const std::vector<at::Tensor>& inputs,
-                  const std::vector<Allocation>& recorded, const std::string& function_name) {
+                  const std::vector<Allocation>& recorded, const std::string& function_name,
+                  bool wait_for_frees = false) {
   RouteState st = replayRoute(&recorded, &function_name);
+  st.wait_for_frees = wait_for_frees;  // Note [Collective buffers]
   ReplayScope replay_scope(st.liveness);
   AutocastCacheOff no_cast_cache;  // as it ran when captured (Note [Autocast and recordings])
   RouteGuard guard(&st);
@@ -80,11 +85,12 @@ void CpuGraph::replay(const RunFn& run, const std::vector<at::Tensor>& call_inpu
 
 void CpuGraph::replayProgram(const std::vector<at::Tensor>& inputs) {
   // No Python runs: the GIL is released.
-  runBlocking([&] { runOpProgram(*program_, inputs, allocations_, name_); });
+  runBlocking([&] { runOpProgram(*program_, inputs, allocations_, name_, uses_collectives_); });
 }
 
 void CpuGraph::replayPython(const RunFn& run, const std::vector<at::Tensor>& inputs) {
   RouteState st = replayRoute(&allocations_, &name_);
+  st.wait_for_frees = uses_collectives_;
   ReplayScope replay_scope(st.liveness);
   std::vector<at::Tensor> outputs;
   CollectiveBuffers collective_buffers(uses_collectives_);
@@ -178,12 +184,23 @@ std::string proveProgram(const OpProgram& program, const std::vector<at::Tensor>
   }
   const RngStates at_end(withDefaultCpuGenerator(generators));
   std::string why;
-  // Twice, over memory filled with 0x00 and then 0xFF: an output that depends on memory no op
-  // wrote (a tensor Python filled, an uninitialised read) cannot match both times.
-  for (const int pattern : {0x00, 0xFF}) {
+  // Three times, over memory filled with 0x00, with 0xFF and with random bytes drawn for this
+  // proof: an output that depends on memory no op wrote (a tensor Python filled, an
+  // uninitialised read) cannot match every time -- not even a Python-filled value that happens
+  // to survive both fixed patterns (all-zero bytes from a masked write, say).
+  std::mt19937_64 random_bytes(std::random_device{}());
+  for (const int pattern : {0x00, 0xFF, -1}) {
     if (!why.empty()) break;
     for (const auto& iv : written) {
-      std::memset(reinterpret_cast<void*>(iv.begin), pattern, iv.end - iv.begin);
+      if (pattern >= 0) {
+        std::memset(reinterpret_cast<void*>(iv.begin), pattern, iv.end - iv.begin);
+        continue;
+      }
+      for (uintptr_t at = iv.begin; at < iv.end; at += sizeof(uint64_t)) {
+        const uint64_t word = random_bytes();
+        std::memcpy(reinterpret_cast<void*>(at), &word,
+                    std::min<uintptr_t>(sizeof(word), iv.end - at));
+      }
     }
     for (const auto& s : saved) {
       std::memcpy(s.storage.mutable_data(), s.before.data(), s.before.size());

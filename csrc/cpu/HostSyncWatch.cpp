@@ -46,6 +46,26 @@ const char* hostSyncDescription(const char* op) {
   return it == ops.end() ? nullptr : it->second;
 }
 
+// Kernels that read tensor values on the host inside ATen, where no nested op shows it: their
+// results' shapes or values depend on data a replay would not read again (the CUDA kernels of
+// most of them synchronise for the same reason). By name, or by name and overload.
+const char* dataDependentKernel(const at::RecordFunction& fn) {
+  static const std::unordered_map<std::string, const char*> kernels = {
+      {"aten::bincount", "bincount() (its length is the input's maximum, read on the host)"},
+      {"aten::tensor_split.tensor_indices_or_sections",
+       "tensor_split() with a tensor of indices (read on the host)"},
+      {"aten::repeat_interleave.Tensor", "repeat_interleave() with a tensor of repeats"},
+      {"aten::repeat_interleave.self_Tensor", "repeat_interleave() with a tensor of repeats"},
+      {"aten::narrow.Tensor", "narrow() with a tensor start (read on the host)"},
+  };
+  const char* name = fn.name();
+  if (auto it = kernels.find(name); it != kernels.end()) return it->second;
+  const char* overload = fn.overload_name();
+  if (overload == nullptr || *overload == '\0') return nullptr;
+  auto it = kernels.find(std::string(name) + "." + overload);
+  return it == kernels.end() ? nullptr : it->second;
+}
+
 bool exemptFromHostSyncWatch(const char* op) {
   return std::strcmp(op, "aten::_assert_async") == 0 ||
          std::strcmp(op, "aten::_functional_assert_async") == 0;
@@ -59,7 +79,11 @@ std::unique_ptr<at::ObserverContext> watchOpStart(const at::RecordFunction& fn) 
   if (exemptFromHostSyncWatch(op)) {
     w->exempt_depth++;
   } else if (w->exempt_depth == 0 && w->first.empty()) {
-    if (const char* what = hostSyncDescription(op)) w->first = std::string(op) + " (" + what + ")";
+    if (const char* what = hostSyncDescription(op)) {
+      w->first = std::string(op) + " (" + what + ")";
+    } else if (const char* kernel = dataDependentKernel(fn)) {
+      w->first = std::string(op) + " (" + kernel + ")";
+    }
   }
   return nullptr;
 }

@@ -7,7 +7,11 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 namespace graphtrees {
 
@@ -18,7 +22,8 @@ namespace {
 // finds the replay an allocation belongs to from its address alone. While a replay runs, its
 // liveness is this thread's (no lock beyond its own); allocations still alive when it ends (kept
 // by the function, an error the replay reports) move to a process-wide map. An allocation freed
-// by another thread while its replay runs is not seen (it stays "alive" for that replay).
+// by another thread while its replay runs (gloo's worker dropping a collective's input) is found
+// through the replays under way, which a process-wide list holds.
 thread_local ReplayLiveness* tls_replay = nullptr;
 thread_local RouteState* tls_route = nullptr;
 
@@ -31,11 +36,27 @@ std::unordered_multimap<uintptr_t, std::shared_ptr<ReplayLiveness>>& escaped() {
   return *owners;  // never destroyed: deleters may run during interpreter shutdown
 }
 
+std::mutex& activeMutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::vector<ReplayLiveness*>& activeReplays() {
+  static auto* v = new std::vector<ReplayLiveness*>();
+  return *v;  // never destroyed, as escaped()
+}
+
 bool isReplayAllocation(void* ptr) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   if (ReplayLiveness* l = tls_replay) {
     std::lock_guard<std::mutex> lock(l->mutex);
     if (l->alive.count(p)) return true;
+  }
+  {
+    std::lock_guard<std::mutex> active(activeMutex());
+    for (ReplayLiveness* l : activeReplays()) {
+      std::lock_guard<std::mutex> lock(l->mutex);
+      if (l->alive.count(p)) return true;
+    }
   }
   std::lock_guard<std::mutex> lock(escapedMutex());
   return escaped().count(p) > 0;
@@ -46,6 +67,14 @@ void replayFree(void* ptr) {
   if (ReplayLiveness* l = tls_replay) {
     std::lock_guard<std::mutex> lock(l->mutex);
     if (l->alive.erase(p)) return;
+  }
+  {
+    // Another thread's replay, still under way.
+    std::lock_guard<std::mutex> active(activeMutex());
+    for (ReplayLiveness* l : activeReplays()) {
+      std::lock_guard<std::mutex> lock(l->mutex);
+      if (l->alive.erase(p)) return;
+    }
   }
   std::shared_ptr<ReplayLiveness> liveness;
   {
@@ -86,11 +115,38 @@ c10::DataPtr replayAllocate(RouteState* st, size_t nbytes) {
     } else {
       const uintptr_t begin = rec[i].ptr;
       const uintptr_t end = begin + nbytes;
-      std::lock_guard<std::mutex> lock(st->liveness->mutex);
+      std::unique_lock<std::mutex> lock(st->liveness->mutex);
       auto& alive = st->liveness->alive;
-      auto it = alive.upper_bound(begin);
-      if (it != alive.begin() && std::prev(it)->second.first > begin) --it;
-      if (it != alive.end() && it->first < end) {
+      // Also alive: what an earlier replay left at this address (a collective's temporary
+      // that the worker thread still holds), which this replay's liveness does not list.
+      const auto escaped_here = [&] {
+        std::lock_guard<std::mutex> owners(escapedMutex());
+        return escaped().count(begin) > 0;
+      };
+      const auto overlapping = [&] {
+        auto it = alive.upper_bound(begin);
+        if (it != alive.begin() && std::prev(it)->second.first > begin) --it;
+        return (it != alive.end() && it->first < end) ? it : alive.end();
+      };
+      auto it = overlapping();
+      bool left_by_earlier = it == alive.end() && st->wait_for_frees && escaped_here();
+      // Note [Collective buffers]: a collective's worker thread may drop its reference to a
+      // temporary a moment after the call returned; a replay of a function with collectives
+      // waits for that (as long as a warmup waits for such blocks) before calling it a
+      // data-dependent lifetime.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      while ((it != alive.end() || left_by_earlier) && st->wait_for_frees &&
+             std::chrono::steady_clock::now() < deadline) {
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        lock.lock();
+        it = overlapping();
+        left_by_earlier = it == alive.end() && escaped_here();
+      }
+      if (left_by_earlier) {
+        st->divergence = "allocation #" + std::to_string(i) +
+                         " would reuse memory that an earlier replay's collective still holds";
+      } else if (it != alive.end()) {
         st->divergence = "allocation #" + std::to_string(i) +
                          " would reuse the memory of allocation #" +
                          std::to_string(it->second.second) +
@@ -182,10 +238,17 @@ RouteSuspended::~RouteSuspended() {
 ReplayScope::ReplayScope(std::shared_ptr<ReplayLiveness> liveness)
     : liveness_(std::move(liveness)), prev_(tls_replay) {
   tls_replay = liveness_.get();
+  std::lock_guard<std::mutex> active(activeMutex());
+  activeReplays().push_back(liveness_.get());
 }
 
 ReplayScope::~ReplayScope() {
   tls_replay = prev_;
+  // Under the list's lock until its survivors are in escaped(): a free by another thread finds
+  // them in one place or the other.
+  std::lock_guard<std::mutex> active(activeMutex());
+  auto& v = activeReplays();
+  v.erase(std::find(v.begin(), v.end(), liveness_.get()));
   std::lock_guard<std::mutex> lock(liveness_->mutex);
   if (liveness_->alive.empty()) return;
   std::lock_guard<std::mutex> owners(escapedMutex());

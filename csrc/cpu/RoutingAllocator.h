@@ -46,6 +46,7 @@ struct RouteState {
   std::string divergence;                             // replay: first mismatch, if any
   std::shared_ptr<ReplayLiveness> liveness;           // replay
   const std::string* function_name = nullptr;
+  bool wait_for_frees = false;  // replay: another thread may still free (Note [Collective buffers])
   RouteState* prev = nullptr;
 };
 

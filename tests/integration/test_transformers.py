@@ -166,6 +166,7 @@ def test_generate_with_one_static_cache_records_the_decode_step_once(device, inn
     # README's recipe: one StaticCache passed to every generate() call keeps the cache's
     # addresses, so the decode step is recorded once and replayed by every later call, with
     # either inner compiler. options= needs mode=None (torch.compile refuses both).
+    torch._dynamo.reset()
     model = tiny_llama(device)
     ids = torch.randint(0, 128, (1, 6), device=device)
     want = model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static")
@@ -241,6 +242,7 @@ def test_compiled_llama_split_at_its_attention_matches_eager(device, inner):
 def test_compiled_llama_split_at_its_attention_decodes_with_a_static_cache(device, inner):
     # README's piecewise recipe in a greedy loop: the StaticCache's layers are created inside
     # the first compiled call (after a splitting op), and the loop runs past chain_limit.
+    torch._dynamo.reset()  # earlier tests compiled the same forward: no recompile limit here
     model = tiny_llama(device)
     prompt = torch.randint(0, 128, (1, 8), device=device)
     new_tokens = 24

@@ -1,0 +1,102 @@
+#include "KeyObjects.h"
+
+#include <c10/util/Exception.h>
+
+namespace graphtrees {
+
+namespace {
+// The referent of weak reference `ref`, or nullptr once it died (compared by address only).
+PyObject* referent(PyObject* ref) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* target = nullptr;
+  if (PyWeakref_GetRef(ref, &target) < 0) PyErr_Clear();
+  Py_XDECREF(target);  // the caller holds the object it compares with, or only tests for null
+  return target;
+#else
+  PyObject* target = PyWeakref_GetObject(ref);
+  return target == Py_None ? nullptr : target;
+#endif
+}
+}  // namespace
+
+void KeyObjects::hold(const std::vector<py::object>& objects) {
+  TORCH_INTERNAL_ASSERT(held_.empty());
+  held_.reserve(objects.size());
+  for (const py::object& o : objects) {
+    PyObject* obj = o.ptr();
+    if (PyMethod_Check(obj)) {
+      if (PyObject* weak = PyWeakref_NewRef(PyMethod_GET_SELF(obj), nullptr)) {
+        PyObject* func = PyMethod_GET_FUNCTION(obj);
+        Py_INCREF(func);
+        held_.push_back({weak, How::kMethod, func});
+        continue;
+      }
+      PyErr_Clear();
+    }
+    if (Py_TYPE(obj)->tp_hash != PyBaseObject_Type.tp_hash) {
+      Py_INCREF(obj);
+      held_.push_back({obj, How::kValue});
+      continue;
+    }
+    if (PyObject* weak = PyWeakref_NewRef(obj, nullptr)) {
+      held_.push_back({weak, How::kWeak});
+      continue;
+    }
+    PyErr_Clear();  // a type without weak references: held, so that its address stays its own
+    Py_INCREF(obj);
+    held_.push_back({obj, How::kIdentity});
+  }
+}
+
+KeyObjects::~KeyObjects() {
+  if (held_.empty() || !Py_IsInitialized()) return;
+#if PY_VERSION_HEX >= 0x030D0000
+  if (Py_IsFinalizing()) return;  // the interpreter frees everything itself
+#else
+  if (_Py_IsFinalizing()) return;
+#endif
+  py::gil_scoped_acquire gil;
+  for (const Held& h : held_) {
+    Py_DECREF(h.ref);
+    Py_XDECREF(h.func);
+  }
+}
+
+bool KeyObjects::anyDead() const {
+  for (const Held& h : held_) {
+    if ((h.how == How::kWeak || h.how == How::kMethod) && referent(h.ref) == nullptr) return true;
+  }
+  return false;
+}
+
+bool KeyObjects::matches(const std::vector<py::object>& objects) const {
+  if (objects.size() != held_.size()) return false;
+  for (size_t i = 0; i < held_.size(); ++i) {
+    PyObject* obj = objects[i].ptr();
+    const Held& h = held_[i];
+    switch (h.how) {
+      case How::kWeak:
+        if (referent(h.ref) != obj) return false;
+        break;
+      case How::kMethod:
+        if (!PyMethod_Check(obj) || PyMethod_GET_FUNCTION(obj) != h.func ||
+            referent(h.ref) != PyMethod_GET_SELF(obj)) {
+          return false;
+        }
+        break;
+      case How::kIdentity:
+        if (h.ref != obj) return false;
+        break;
+      case How::kValue:
+        if (h.ref != obj) {
+          const int eq = PyObject_RichCompareBool(h.ref, obj, Py_EQ);
+          if (eq < 0) PyErr_Clear();
+          if (eq != 1) return false;
+        }
+        break;
+    }
+  }
+  return true;
+}
+
+}  // namespace graphtrees

@@ -1,0 +1,47 @@
+#pragma once
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace graphtrees {
+
+// Note [Objects in the call signature]
+// An argument that is neither a tensor, a container nor a Python scalar (an enum, a numpy
+// scalar, a user's object) goes into the key as its type and hash. A hash does not identify a
+// value (hash(np.int64(-1)) == hash(np.int64(-2))), and an identity hash is an address that a
+// dead object's successor may reuse. So each signature also holds its objects: a value-hashed
+// one itself (compared with ==), an identity-hashed one by weak reference where it allows one
+// (compared with `is`; a dead one matches nothing, and the signature does not keep it alive),
+// else itself; a bound method by its function and, weakly, its object. A call whose objects
+// hash like a signature's but do not match it gets a signature of its own; a signature whose
+// weakly held object died is evicted when its key comes again.
+class KeyObjects {
+ public:
+  KeyObjects() = default;
+  KeyObjects(const KeyObjects&) = delete;
+  KeyObjects& operator=(const KeyObjects&) = delete;
+  ~KeyObjects();  // releases its references under the GIL
+
+  // Takes the objects of the call that made the signature.
+  void hold(const std::vector<py::object>& objects);
+  // Whether an object held by weak reference has died: the signature can never match again.
+  bool anyDead() const;
+
+  // Whether `objects` (a call's FlatArgs::key_objects) are the ones this signature was made for.
+  bool matches(const std::vector<py::object>& objects) const;
+
+ private:
+  enum class How : uint8_t { kValue, kIdentity, kWeak, kMethod };
+  struct Held {
+    PyObject* ref;  // an owned reference: the object, or a weak reference to it
+    How how;
+    // kMethod: a bound method (made anew at each attribute access) is its function, held, and
+    // its object, by weak reference, so that a signature does not keep a module alive.
+    PyObject* func = nullptr;
+  };
+  std::vector<Held> held_;
+};
+
+}  // namespace graphtrees
