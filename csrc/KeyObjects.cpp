@@ -4,20 +4,16 @@
 
 namespace graphtrees {
 
-namespace {
-// The referent of weak reference `ref`, or nullptr once it died (compared by address only).
-PyObject* referent(PyObject* ref) {
+py::object weakReferent(PyObject* ref) {
 #if PY_VERSION_HEX >= 0x030D0000
   PyObject* target = nullptr;
   if (PyWeakref_GetRef(ref, &target) < 0) PyErr_Clear();
-  Py_XDECREF(target);  // the caller holds the object it compares with, or only tests for null
-  return target;
+  return py::reinterpret_steal<py::object>(target);
 #else
   PyObject* target = PyWeakref_GetObject(ref);
-  return target == Py_None ? nullptr : target;
+  return target == Py_None ? py::object() : py::reinterpret_borrow<py::object>(target);
 #endif
 }
-}  // namespace
 
 void KeyObjects::hold(const std::vector<py::object>& objects) {
   TORCH_INTERNAL_ASSERT(held_.empty());
@@ -64,7 +60,7 @@ KeyObjects::~KeyObjects() {
 
 bool KeyObjects::anyDead() const {
   for (const Held& h : held_) {
-    if ((h.how == How::kWeak || h.how == How::kMethod) && referent(h.ref) == nullptr) return true;
+    if ((h.how == How::kWeak || h.how == How::kMethod) && !weakReferent(h.ref)) return true;
   }
   return false;
 }
@@ -76,11 +72,11 @@ bool KeyObjects::matches(const std::vector<py::object>& objects) const {
     const Held& h = held_[i];
     switch (h.how) {
       case How::kWeak:
-        if (referent(h.ref) != obj) return false;
+        if (weakReferent(h.ref).ptr() != obj) return false;
         break;
       case How::kMethod:
         if (!PyMethod_Check(obj) || PyMethod_GET_FUNCTION(obj) != h.func ||
-            referent(h.ref) != PyMethod_GET_SELF(obj)) {
+            weakReferent(h.ref).ptr() != PyMethod_GET_SELF(obj)) {
           return false;
         }
         break;

@@ -17,6 +17,9 @@ namespace graphtrees {
 // else itself; a bound method by its function and, weakly, its object. A call whose objects
 // hash like a signature's but do not match it gets a signature of its own; a signature whose
 // weakly held object died is evicted when its key comes again.
+// The object weak reference `ref` refers to (a new reference), or a null object once it died.
+py::object weakReferent(PyObject* ref);
+
 class KeyObjects {
  public:
   KeyObjects() = default;

@@ -446,13 +446,7 @@ py::object OutputSpec::build(size_t* pos, const std::vector<at::Tensor>& tensors
     case Kind::kTensor: {
       const at::Tensor& t = tensors[(*next)++];
       if (e.value) {  // a Parameter when recorded: that Parameter, if it is still this tensor
-#if PY_VERSION_HEX >= 0x030D0000
-        PyObject* param = nullptr;
-        if (PyWeakref_GetRef(e.value.ptr(), &param) < 0) PyErr_Clear();
-        py::object owner = py::reinterpret_steal<py::object>(param);
-#else
-        py::object owner = py::reinterpret_borrow<py::object>(PyWeakref_GetObject(e.value.ptr()));
-#endif
+        py::object owner = weakReferent(e.value.ptr());
         if (owner && THPVariable_Check(owner.ptr())) {
           const at::Tensor& p = THPVariable_Unpack(owner.ptr());
           if (p.is_same(t) ||
