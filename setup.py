@@ -44,6 +44,19 @@ from torch.utils.cpp_extension import (  # noqa: E402
 ROOT = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(ROOT, "graphtrees", "_version.py")) as f:
     VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+# The torch this build compiles against, written into the package: graphtrees._ext refuses to load
+# the extension under another torch (its C++ ABI and headers are that torch's), and a wheel's
+# metadata pins it (install_requires below).
+BUILT_WITH = os.path.join(ROOT, "graphtrees", "_built_with.py")
+_built_with = (
+    '"""Written by setup.py: the torch graphtrees._C was compiled against."""\n\n'
+    f"TORCH = {torch.__version__!r}\n"
+    f"TORCH_CUDA = {torch.version.cuda!r}\n"
+)
+if not os.path.exists(BUILT_WITH) or open(BUILT_WITH).read() != _built_with:
+    with open(BUILT_WITH, "w") as f:
+        f.write(_built_with)
+TORCH_PIN = torch.__version__.split("+")[0]
 USE_CUDA = os.environ.get("USE_CUDA", "1") != "0"
 FORCE_CUDA = os.environ.get("FORCE_CUDA", "0") == "1"
 DEBUG = os.environ.get("DEBUG", "0") == "1"
@@ -108,7 +121,8 @@ setup(
         "torch_dynamo_backends": ["graphtrees = graphtrees._dynamo_backend:graphtrees_backend"]
     },
     python_requires=">=3.10",
-    install_requires=["torch>=2.11"],
+    # The one torch the extension was compiled against (its local tag, +cu130, is not pinned).
+    install_requires=[f"torch=={TORCH_PIN}"],
     extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
     zip_safe=False,
 )

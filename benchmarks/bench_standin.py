@@ -10,8 +10,10 @@ minimum per variant is reported (measure on a quiet machine).
 
 Sections: overhead (us per call: raw CUDAGraph.replay, cudagraphify with static and with copied
 inputs, torch.compile(backend="graphtrees"), torch.compile(mode="reduce-overhead"), dynamo alone,
-dynamo + AOTAutograd alone), memory (pool bytes for K sibling branches, graphtrees against
-PyTorch's trees), capture (16 buckets captured largest first).
+dynamo + AOTAutograd alone), drop-in (the same torch.compile(mode="reduce-overhead") functions
+recorded by PyTorch's trees and, with graphtrees.install(), by graphtrees: us per call and pool
+bytes), memory (pool bytes for K sibling branches, graphtrees against PyTorch's trees), capture
+(16 buckets captured largest first).
 """
 
 import argparse
@@ -114,6 +116,129 @@ def bench_overhead(iters, rounds):
     }
 
 
+def dropin_cases():
+    """name -> (make(compiled) -> a no-argument call, grad mode): what tests/test_policy.py
+    records, each a torch.compile(mode="reduce-overhead") function."""
+
+    def mlp():
+        return torch.nn.Sequential(
+            torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)
+        ).cuda()
+
+    def inference(compile):
+        m, x = compile(mlp()), torch.randn(8, 64, device="cuda")
+        return lambda: m(x)
+
+    def training(compile):
+        m, x = compile(mlp()), torch.randn(8, 64, device="cuda")
+
+        params = list(m.parameters())
+
+        def step():
+            torch.compiler.cudagraph_mark_step_begin()
+            for p in params:  # PyTorch's trees refuse to accumulate into a graph's .grad
+                p.grad = None
+            m(x).sum().backward()
+
+        return step
+
+    def graph_break(compile):
+        def g(x):
+            y = f(x)
+            torch._dynamo.graph_break()
+            return f(y)
+
+        c, x = compile(g), torch.ones(64, device="cuda")
+        return lambda: c(x)
+
+    def mutated_buffer(compile):
+        class Counter(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(64, 64)
+                self.register_buffer("steps", torch.zeros(()))
+
+            def forward(self, x):
+                self.steps.add_(1)
+                return self.lin(x)
+
+        m, x = compile(Counter().cuda()), torch.randn(8, 64, device="cuda")
+        return lambda: m(x)
+
+    def dynamic(compile):
+        c = compile(f, dynamic=True)
+        xs = [torch.ones(n, device="cuda") for n in (16, 32, 64)]
+        state = {"i": 0}
+
+        def call():
+            state["i"] += 1
+            return c(xs[state["i"] % 3])
+
+        return call
+
+    return {
+        "MLP inference": (inference, False),
+        "MLP training step (fwd + bwd)": (training, True),
+        "graph break (2 graphs)": (graph_break, False),
+        "mutated static buffer": (mutated_buffer, False),
+        "dynamic shapes (3 sizes)": (dynamic, False),
+    }
+
+
+def bench_dropin(iters, rounds):
+    """The same reduce-overhead functions, PyTorch's trees against graphtrees.install()."""
+
+    def compiled(m, **kw):
+        if graphtrees.installed():
+            # mode="reduce-overhead" spelt as its options (graph_partition=True is the default
+            # anyway): another backend for dynamo, so that this compile does not reuse the one
+            # PyTorch's trees already made of the same code.
+            options = {"triton.cudagraphs": True, "graph_partition": True}
+            return torch.compile(m, options=options, **kw)
+        return torch.compile(m, mode="reduce-overhead", **kw)
+
+    rows = []
+    for name, (make, grad) in dropin_cases().items():
+        row = {"function": name}
+        calls = {}
+        graphtrees.reset()
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+        with torch.set_grad_enabled(grad):
+            for impl in ("pytorch_trees", "graphtrees"):
+                with graphtrees.install() if impl == "graphtrees" else _nothing():
+                    call = make(compiled)
+                    for _ in range(6):  # warm up, record, compile (while installed)
+                        call()
+                calls[impl] = call
+            # PyTorch's pool is every private pool but graphtrees' (one tree, one pool).
+            info = graphtrees.tree_info("cuda")
+            ours = info["pool"]["reserved_bytes"]
+            row["pytorch_trees_pool_mib"] = round((private_pool_bytes() - ours) / 2**20, 2)
+            row["graphtrees_pool_mib"] = round(ours / 2**20, 2)
+            row["graphtrees_nodes"] = info["num_nodes"]
+            # Both stay usable side by side: PyTorch's trees and graphtrees' tree are separate.
+            best = {k: float("inf") for k in calls}
+            for _ in range(rounds):
+                for k, call in calls.items():
+                    best[k] = min(best[k], per_call_us(call, iters))
+        torch.cuda.synchronize()
+        row.update({f"{k}_us": round(v, 2) for k, v in best.items()})
+        row["ratio"] = round(best["pytorch_trees"] / best["graphtrees"], 2)
+        rows.append(row)
+    graphtrees.reset()
+    torch._dynamo.reset()
+    return {"rows": rows, "iters": iters, "rounds": rounds}
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
 def private_pool_bytes():
     return sum(
         s["total_size"]
@@ -201,6 +326,26 @@ def markdown(res):
         f"Above the dynamo + AOTAutograd floor: graphtrees {b['graphtrees']} us, PyTorch's trees "
         f"{b['pytorch_trees']} us per call ({res['overhead']['ratio_pytorch_over_graphtrees']}x).",
         "",
+        '## Drop-in: torch.compile(mode="reduce-overhead"), PyTorch\'s trees against '
+        "graphtrees.install()",
+        "",
+        f"us per call (minimum over {res['dropin']['rounds']} interleaved rounds of "
+        f"{res['dropin']['iters']} calls) and private pool MiB after six calls.",
+        "",
+        "| function | PyTorch's trees us | graphtrees us | ratio | PyTorch's trees pool MiB "
+        "| graphtrees pool MiB | graphtrees nodes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    if res["dropin"].get("skipped"):
+        lines.append(f"| skipped: {res['dropin']['skipped']} | | | | | | |")
+    for r in res["dropin"]["rows"]:
+        lines.append(
+            f"| {r['function']} | {r['pytorch_trees_us']} | {r['graphtrees_us']} | "
+            f"{r['ratio']}x | {r['pytorch_trees_pool_mib']} | {r['graphtrees_pool_mib']} | "
+            f"{r['graphtrees_nodes']} |"
+        )
+    lines += [
+        "",
         "## Pool memory for K sibling branches after one prefix (4 MiB activations)",
         "",
         "| K | graphtrees pool MiB | PyTorch's trees pool MiB |",
@@ -239,6 +384,9 @@ def main():
             "python": sys.version.split()[0],
         },
         "overhead": bench_overhead(args.iters, args.rounds),
+        "dropin": bench_dropin(max(1, args.iters // 4), args.rounds)
+        if graphtrees._policy.hook_available()
+        else {"rows": [], "iters": 0, "rounds": 0, "skipped": "no cudagraph_policy hook"},
         "memory": bench_memory((1, 2, 4, 8)),
         "capture": bench_capture(),
     }

@@ -44,8 +44,16 @@ std::optional<std::string> PathPolicy::stepBegan() {
 // what to do and a new step starts anyway. A graph split into pieces (Note [Piecewise graphs] in
 // graphtrees/_piecewise.py) counts once: its first recorded forward piece opens the pending
 // backward and its last recorded backward piece closes it (the others have counts_pending off).
+// When the backwards have closed every pending forward, the training step is over: the next
+// forward called on fresh inputs starts a new generation, as PyTorch's trees do, so that each
+// step replays the same path (forward, backward) rather than the next forward extending the path
+// under the backward whose gradients are still alive.
 std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
                                                    bool consumes_generation_output) {
+  if (backwards_done_ && fn.mode == FunctionMode::kForward && fn.counts_pending &&
+      !consumes_generation_output) {
+    return "'" + fn.name + "' began a new training step (the last one's backward finished)";
+  }
   const CallableState& callable = callableState(fn.callable_id);
   if (callable.last_generation != generation_) return std::nullopt;
   const bool fresh = !consumes_generation_output;
@@ -95,13 +103,17 @@ void PathPolicy::noteFinished(const FunctionRecord& fn, RunKind kind) {
   // A forward that ran eagerly saved nothing in the pool: no backward waits on this path.
   if (fn.mode == FunctionMode::kForward && kind != RunKind::kEager) {
     pending_forwards_++;
+    backwards_done_ = false;
   } else if (fn.mode == FunctionMode::kBackward) {
+    // Its forward may be on an earlier path (the path ended when the forward's outputs died).
     pending_forwards_ = std::max<int64_t>(0, pending_forwards_ - 1);
+    backwards_done_ = pending_forwards_ == 0;
   }
 }
 
 void PathPolicy::pathEnded() {
   pending_forwards_ = 0;
+  backwards_done_ = false;
   generation_++;
 }
 

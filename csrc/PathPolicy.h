@@ -31,9 +31,10 @@ class PathPolicy {
   // Why the path ends before this call because the thread began a new step since the last call,
   // if it did.
   std::optional<std::string> stepBegan();
-  // Why the path ends before this call of `fn`, which already ran in this generation, if it must
-  // (Note [Ending a path]): it is called on fresh inputs, or it reached its chain_limit, or a
-  // forward ran too often while its backward was pending. `consumes_generation_output`: an input
+  // Why the path ends before this call of `fn`, if it must (Note [Ending a path]): it already ran
+  // in this generation and is called on fresh inputs, or it reached its chain_limit, or a forward
+  // ran too often while its backward was pending; or it is a forward on fresh inputs after the
+  // step's backwards finished (Note [Pending backward]). `consumes_generation_output`: an input
   // is an output of this generation.
   std::optional<std::string> calledAgain(const FunctionRecord& fn, bool consumes_generation_output);
 
@@ -50,6 +51,8 @@ class PathPolicy {
   int64_t generation_ = 0;
   // A forward ran and its backward has not run yet: no new generation starts on its own.
   int64_t pending_forwards_ = 0;
+  // Backwards closed every pending forward of this generation: the training step is over.
+  bool backwards_done_ = false;
   std::unordered_map<int64_t, CallableState> callables_;  // by callable id; never erased
   std::unordered_set<std::string> warned_;                // once-logged warnings
 };

@@ -17,6 +17,7 @@ from ._api import (
 )
 from ._dynamo_backend import SkipError, compile, make_backend, split_info
 from ._ext import has_ext
+from ._policy import install, install_from_environment, installed, uninstall
 from ._verify import ReplayMismatchError
 from ._version import __version__
 
@@ -27,6 +28,8 @@ __all__ = [
     "compile",
     "cudagraphify",
     "has_ext",
+    "install",
+    "installed",
     "make_backend",
     "mark_step_begin",
     "memory_budget",
@@ -35,5 +38,8 @@ __all__ = [
     "split_info",
     "tree_info",
     "tree_to_dot",
+    "uninstall",
     "__version__",
 ]
+
+install_from_environment()  # GRAPHTREES_INSTALL=1: graphtrees behind mode='reduce-overhead'

@@ -2,7 +2,31 @@
 
 _C = None
 _import_error = None
+# The torch graphtrees._C was compiled against (graphtrees/_built_with.py, written by setup.py).
+built_with_torch = None
 
+
+def _check_torch() -> None:
+    """ImportError when the running torch is not the one the extension was compiled against: its
+    C++ ABI would not match (undefined symbols at best, a crash at worst)."""
+    global built_with_torch
+    try:
+        from ._built_with import TORCH
+    except ImportError:  # a source tree that was never built: the _C import reports it
+        return
+    import torch
+
+    built_with_torch = TORCH
+    if torch.__version__ != TORCH:
+        raise ImportError(
+            f"graphtrees was built against torch {TORCH}, running torch {torch.__version__}: "
+            "its C++ extension only loads with the torch it was compiled against. Install "
+            f"torch {TORCH}, or rebuild graphtrees for this torch (`pip install "
+            "--no-build-isolation .` from the source checkout, or a wheel built with it)."
+        )
+
+
+_check_torch()  # `import graphtrees` under another torch raises, naming both
 try:
     from . import _C  # noqa: F811
 except ImportError as e:  # pragma: no cover - exercised by a subprocess test

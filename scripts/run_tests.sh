@@ -131,11 +131,15 @@ t=$(date +%s)
 # replay, the tree's behaviour, the fidelity cases); the CUDA stand-in stage below runs every
 # CUDA test on it. GRAPHTREES_FULL_TORCH211=1 runs the whole CPU suite here too.
 TORCH211_TESTS=(tests/test_package.py tests/test_compile.py tests/test_piecewise.py
-  tests/test_cpu_graphs.py tests/test_tree_behaviour.py tests/test_fidelity.py)
+  tests/test_cpu_graphs.py tests/test_tree_behaviour.py tests/test_fidelity.py
+  tests/test_policy.py tests/test_wheel.py)
 [[ ${GRAPHTREES_FULL_TORCH211:-0} == 1 ]] && TORCH211_TESTS=(tests)
 standin_start "$VENV/bin/python" "torch 2.11.0"
 cpu_rc=0
-PYTHON="$VENV/bin/python" "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" -q \
+# The wheel built here must refuse torch 2.14.1 (test_wheel.py): its site-packages.
+OTHER_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+GRAPHTREES_OTHER_TORCH_SITE=$OTHER_SITE PYTHON="$VENV/bin/python" \
+  "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" -q \
   -p no:cacheprovider || cpu_rc=$?
 stamp "tests (torch 2.11.0)" "$t"
 standin_wait

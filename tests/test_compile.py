@@ -228,6 +228,26 @@ def test_mark_step_begin_overrides_pending_backward(device):
     del out
 
 
+def test_a_training_loop_without_mark_step_replays_the_same_two_nodes(device, tree_logs):
+    # A forward's outputs die after .sum(); its backward reads none of them, and its gradient
+    # (a live output of the backward, held by .grad) kept the path going: the next forward used
+    # to be recorded under the backward, a new node every other iteration. Once the backwards
+    # closed the step's forwards, the next forward starts a new step.
+    def foo(x):
+        return torch.sin(x * 2) * x
+
+    compiled = graphtrees.compile(foo, inner="aot_eager")
+    inp = torch.rand(4, 4, device=device, requires_grad=True)
+    ref = inp.detach().clone().requires_grad_()
+    for _ in range(8):
+        compiled(inp).sum().backward()
+        foo(ref).sum().backward()
+    assert_close(inp.grad, ref.grad)
+    t = info(device)
+    assert t["num_nodes"] == 2 and t["num_recordings"] == 2 and t["num_replays"] == 12
+    assert "began a new training step (the last one's backward finished)" in tree_logs.text
+
+
 def test_skip_item_is_logged_with_source_line(device, caplog):
     caplog.set_level(logging.WARNING, logger="graphtrees")
 

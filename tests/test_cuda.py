@@ -529,6 +529,42 @@ def test_function_that_leaves_another_stream_current_is_rejected():
         assert_close(h(x), x + 5)
 
 
+def test_a_discarded_capture_leaves_no_cublas_workspace_in_the_pool():
+    # The capture's first matmul on the tree's stream makes the cuBLAS handle's workspace inside
+    # the pool. A capture that ended but is not kept (torch's check with the capture intact, a
+    # stream left changed) must clear it as a kept one does: found with Mixtral on torch 2.11,
+    # whose capture refused a pageable host-to-device copy after the first matmul.
+    side = torch.cuda.Stream()
+
+    def raises(x):
+        y = x @ x
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("refused with the capture intact")
+        return y
+
+    def leaves_stream(x):
+        y = x @ x
+        torch.cuda.set_stream(side)
+        return y
+
+    x = torch.randn(64, 64, device="cuda")
+    for fn, why in ((raises, "raised while it was being recorded"), (leaves_stream, "stream")):
+        graphtrees.reset()
+        g = cudagraphify(fn)
+        try:
+            for _ in range(3):
+                out = g(x)
+                assert_invariants("cuda")  # no pool block that the tree does not own
+                torch.cuda.set_stream(torch.cuda.default_stream())
+                assert_close(out, x @ x)
+        finally:
+            torch.cuda.set_stream(torch.cuda.default_stream())
+        assert why in g.signatures()[0]["eager_reason"]
+        del out
+        graphtrees.reset()
+        assert live_pool_blocks() == 0
+
+
 def test_out_of_memory_under_a_budget_evicts_nothing_and_runs_eagerly(tree_logs):
     # Review 4, #4: on CUDA an eviction gives no memory back, so evicting on an out-of-memory
     # error only destroyed one useful recording per call (on the stand-in: evictions 1, 2, 3, 3

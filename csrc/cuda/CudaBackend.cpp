@@ -269,6 +269,12 @@ void CudaBackend::endAllocateToPool() {
 // and rethrows the user's error, which the tree takes for a rejected capture too (Note [Errors
 // during a capture] in TreeManager.h). A function that changed the current stream or device
 // and left it changed is rejected as well: its later work ran outside the capture.
+// Either way the cuBLAS workspaces are cleared once the capture is over, as after a capture that
+// is kept: c10 makes a handle's workspace at its first GEMM on a stream and keeps it in a map for
+// the life of the process, so one made on the tree's stream during the capture is a pool block
+// that nothing of the tree owns (found on the CUDA stand-in: Mixtral's capture, refused by torch
+// 2.11 at a pageable host-to-device copy after its first matmul, left a 32 MiB workspace in the
+// pool).
 // Undoing a capture: on torch 2.11 and 2.13 CUDAGraph::capture_end() throws *before* it ends the
 // allocator routing, and the graph's destructor releases the pool only after a capture that
 // ended. So abandonCapture() ends a stream capture that is still under way, takes the
@@ -378,6 +384,14 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
       rejected = user_error ? messageOf(user_error) : "the stream capture was invalidated";
     }
     if (injected && rejected.empty()) rejected = "injected failure at the end of the capture";
+    // A capture that ended but is not kept: the graph goes, and so does the cuBLAS workspace that
+    // its first GEMM on the tree's stream made inside the pool (Note [Rejected captures on CUDA]).
+    auto discard_ended_capture = [&] {
+      graph.reset();
+      std::string ignored;
+      collectError(&ignored, "", [] { at::cuda::clearCublasWorkspaces(); });
+      refreshSegments();
+    };
     bool ended = true;
     try {
       graph->capture_end();
@@ -389,16 +403,14 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
       // An error with the capture intact (a check torch makes before any CUDA call): the graph
       // cleans up after itself, and the tree decides (Note [Errors during a capture]).
       outputs->clear();
-      graph.reset();
-      refreshSegments();
+      discard_ended_capture();
       std::rethrow_exception(user_error);
     }
     if (!rejected.empty()) {
       outputs->clear();
       (void)cudaGetLastError();  // capture errors are not sticky; leave none for later checks
       if (ended) {
-        graph.reset();
-        refreshSegments();
+        discard_ended_capture();
       } else {
         abandonCapture(std::move(graph), uses_before, /*host_routed=*/true);
       }

@@ -11,8 +11,9 @@
 //               guard held while routed), cuBLAS workspaces cleared around it;
 //               endAllocateToPool() + releasePool() (balances begin's incref), streams synced last
 //   capture     CUDAGraph::capture_begin(pool, thread-local mode) on the tree's stream, generator
-//               arguments registered first, Python's GC paused; one replay. A failed capture is
-//               undone by hand (Note [Rejected captures on CUDA] in CudaBackend.cpp)
+//               arguments registered first, Python's GC paused; one replay; cuBLAS workspaces
+//               cleared after it, kept or not. A failed capture is undone by hand (Note
+//               [Rejected captures on CUDA] in CudaBackend.cpp)
 //   replay      CUDAGraph::replay() on the caller's current stream (inputs copied on that stream)
 //   checkpoint  getCheckpointState(); restore: setCheckpointPoolState() after the streams that
 //               touched the pool are synced

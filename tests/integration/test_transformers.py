@@ -7,7 +7,7 @@ import torch
 
 import graphtrees
 
-from helpers import STANDIN, assert_close, assert_replays_ran_programs, info
+from helpers import assert_close, assert_replays_ran_programs, info
 
 transformers = pytest.importorskip("transformers")
 
@@ -274,13 +274,6 @@ def tiny_mixtral(device):
     return transformers.MixtralForCausalLM(cfg).to(device).eval()
 
 
-# An open defect, found on the stand-in and named in docs/reliability.md ("Open on torch 2.11"):
-# torch 2.11's refusal of a pageable copy during this capture leaves one pool block allocated.
-# Runs everywhere else (CPU on both torches, the stand-in on 2.14, a GPU).
-@pytest.mark.skipif(
-    STANDIN is not None and torch.__version__.startswith("2.11"),
-    reason="open defect on torch 2.11 (docs/reliability.md): a refused capture leaves a pool block",
-)
 def test_compiled_mixtral_is_recorded_around_its_host_reading_expert_op(device, tree_logs):
     # Mixtral's routing (topk, sort, histc: values that depend on the data, shapes that do not)
     # is recorded. On CPU transformers runs the experts through its custom op
