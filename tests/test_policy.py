@@ -17,7 +17,7 @@ import torch
 import graphtrees
 from graphtrees import _policy
 
-from helpers import ROOT, live_pool_blocks
+from helpers import ROOT, assert_close, live_pool_blocks
 
 needs_hook = pytest.mark.skipif(
     not _policy.hook_available(),
@@ -168,11 +168,12 @@ class TestReduceOverheadOnGraphtrees:
     pytestmark = cuda
 
     def test_an_mlp_is_one_node_and_pytorchs_trees_are_never_made(self):
-        model = torch.compile(mlp(), mode="reduce-overhead")
+        eager = mlp()
+        model = torch.compile(eager, mode="reduce-overhead")
         x = torch.randn(8, 16, device="cuda")
         with torch.no_grad():
             for _ in range(4):
-                model(x)
+                assert_close(model(x), eager(x))  # values on a GPU; shapes on the stand-in
         info = graphtrees.tree_info("cuda")
         # First call warms up, the second records (and runs the recording), two replays.
         assert counts(info) == dict(nodes=1, warmups=1, recordings=1, replays=2, rerecords=0)
@@ -185,7 +186,10 @@ class TestReduceOverheadOnGraphtrees:
 
     def test_a_training_step_is_forward_then_backward(self):
         model = mlp()
+        ref = mlp()
+        ref.load_state_dict(model.state_dict())
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
         step = torch.compile(model, mode="reduce-overhead")
         x = torch.randn(8, 16, device="cuda")
         for i in range(4):
@@ -194,8 +198,11 @@ class TestReduceOverheadOnGraphtrees:
             if i == 3:
                 assert graphtrees.tree_info("cuda")["pending_backward"] == 1
             loss.backward()
-            opt.step()  # outside the compiled graphs
-            opt.zero_grad()
+            ref(x).sum().backward()
+            assert_close([p.grad for p in model.parameters()], [p.grad for p in ref.parameters()])
+            for o in (opt, ref_opt):  # outside the compiled graphs
+                o.step()
+                o.zero_grad()
         info = graphtrees.tree_info("cuda")
         assert counts(info) == dict(nodes=2, warmups=2, recordings=2, replays=4, rerecords=0)
         (fwd, fwd_parent, _k), (bwd, bwd_parent, _kinds) = nodes(info)
@@ -213,7 +220,7 @@ class TestReduceOverheadOnGraphtrees:
 
         x = torch.ones(64, device="cuda")
         for _ in range(3):
-            f(x)
+            assert_close(f(x), (x.sin() * 2).cos() + 1)
         info = graphtrees.tree_info("cuda")
         assert counts(info) == dict(nodes=2, warmups=2, recordings=2, replays=2, rerecords=0)
         (_, first_parent, first_kinds), (_, second_parent, second_kinds) = nodes(info)
@@ -233,6 +240,7 @@ class TestReduceOverheadOnGraphtrees:
                 return self.lin(x) * 2
 
         model = Counter().cuda()
+        steps_address = model.steps.data_ptr()
         compiled = torch.compile(model, mode="reduce-overhead")
         with torch.no_grad():
             for _ in range(3):
@@ -246,14 +254,16 @@ class TestReduceOverheadOnGraphtrees:
         acc, y = torch.zeros(8, device="cuda"), torch.ones(8, device="cuda")
         address = acc.data_ptr()
         for _ in range(3):
-            f(acc, y)
+            assert_close(f(acc, y), y * 2)
+        assert_close(acc, torch.full_like(acc, 3.0))  # three calls, three increments in place
+        assert_close(model.steps, torch.tensor(3.0, device="cuda"))
         info = graphtrees.tree_info("cuda")
         assert counts(info) == dict(nodes=2, warmups=2, recordings=2, replays=2, rerecords=0)
         kinds = [k for _, _, k in nodes(info)]
         # The buffer is among the module's static inputs; the mutated input is used in place
         # (S), the other input copied (C). PyTorch's trees would run f eagerly on every call.
         assert sorted(kinds[0]) == sorted("CSSS") and kinds[1] == "SC"
-        assert acc.data_ptr() == address and model.steps.data_ptr() == model.steps.data_ptr()
+        assert acc.data_ptr() == address and model.steps.data_ptr() == steps_address
         assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == 0
 
     def test_dynamic_shapes_record_each_size_once(self):
@@ -263,7 +273,8 @@ class TestReduceOverheadOnGraphtrees:
 
         for n in (4, 8, 16, 8, 4):
             for _ in range(2):
-                f(torch.ones(n, device="cuda"))
+                x = torch.full((n,), -1.5, device="cuda")
+                assert_close(f(x), (x * 2).relu() + 1)
         info = graphtrees.tree_info("cuda")
         # Three sizes: each warmed up, recorded, then replayed on its later calls.
         assert counts(info) == dict(nodes=3, warmups=3, recordings=3, replays=4, rerecords=0)
@@ -297,7 +308,7 @@ class TestReduceOverheadOnGraphtrees:
             assert nodes(info)[0][2] == "CC"
             graphtrees.reset()
             for _ in range(3):
-                g(x)
+                assert_close(g(x), ((x.sin() * 2) * 2).cos())
         info = graphtrees.tree_info("cuda")
         assert counts(info) == dict(nodes=2, warmups=2, recordings=2, replays=2, rerecords=0)
         names = [n for n, _, _ in nodes(info)]
@@ -367,6 +378,13 @@ def test_uninstall_gives_new_graphs_back_to_pytorchs_trees():
 @pytest.mark.usefixtures("installed")
 class TestPytorchsCases:
     pytestmark = cuda
+
+    @pytest.fixture(autouse=True)
+    def no_pytorch_manager_left(self):
+        # PyTorch's tearDown: no tree manager of theirs (graphtrees recorded everything); the
+        # conftest checks graphtrees' side: no tree after reset(), no live private-pool block.
+        yield
+        assert pytorchs_manager() is None
 
     def test_run_simple(self):
         # PyTorch: one root after two calls of one function, nothing below it.
