@@ -16,7 +16,9 @@ the compiled core has loaded; ``install`` takes that module):
   ``ModuleList`` in ``forward``) gets no graph break and no warning from them.
 * At exit, every tree is freed (``graphtrees.reset()``) and the hooks are removed.
 
-Nothing else changes: no other torch function is patched and no global state of torch is set.
+Nothing else changes: no other torch function is patched and no global state of torch is set
+(``graphtrees.install()``, an explicit opt-in, sets Inductor's ``cudagraph_policy`` and makes
+``torch._dynamo.reset()`` free graphtrees' trees too: graphtrees/_policy.py).
 """
 
 import logging

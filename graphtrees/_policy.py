@@ -21,6 +21,10 @@ reduce-overhead graph becomes a function of graphtrees' C++ tree manager:
 
 The policy applies when Inductor finishes a graph (its post-compile step, also on a cache hit):
 graphs compiled before :func:`install` stay PyTorch's (``torch._dynamo.reset()`` recompiles).
+Once installed, ``torch._dynamo.reset()`` also frees graphtrees' trees (``graphtrees.reset()``),
+as it frees PyTorch's: ``torch._inductor.cudagraph_trees.reset_cudagraph_trees``, which Inductor's
+reduce-overhead backend calls from it, is wrapped for that (the one torch function install()
+changes besides the policy).
 """
 
 import itertools
@@ -149,6 +153,29 @@ def _make_policy_class() -> type:
 _policy_class: type | None = None
 
 
+def _free_trees_on_dynamo_reset() -> None:
+    """``torch._dynamo.reset()`` asks each reduce-overhead backend to reset, which calls
+    ``torch._inductor.cudagraph_trees.reset_cudagraph_trees()`` (looked up at that moment): once
+    graphtrees was installed, that frees graphtrees' trees too, as it frees PyTorch's (and as
+    ``backend="graphtrees"`` does), so code that resets between models gets its pool back."""
+    import torch._inductor.cudagraph_trees as trees
+
+    original = trees.reset_cudagraph_trees
+    if getattr(original, "_graphtrees", False):
+        return
+
+    def reset_cudagraph_trees(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        from ._dynamo_backend import _reset_trees
+
+        _reset_trees()
+        return result
+
+    reset_cudagraph_trees._graphtrees = True
+    reset_cudagraph_trees.__wrapped__ = original
+    trees.reset_cudagraph_trees = reset_cudagraph_trees
+
+
 def _is_ours(policy: Any) -> bool:
     return _policy_class is not None and isinstance(policy, _policy_class)
 
@@ -199,6 +226,7 @@ def install(**options: Any) -> Installation:
     get_ext()  # a missing build is reported now, not at the first compiled graph
     if _policy_class is None:
         _policy_class = _make_policy_class()
+        _free_trees_on_dynamo_reset()
     policy = _policy_class(options)
     current = config.cudagraph_policy
     previous = current.previous if _is_ours(current) else current

@@ -348,6 +348,18 @@ class TestReduceOverheadOnGraphtrees:
         segments = torch.cuda.memory_snapshot()
         assert not [s for s in segments if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)]
 
+    def test_dynamo_reset_frees_graphtrees_trees_too(self):
+        model = torch.compile(mlp(), mode="reduce-overhead")
+        x = torch.randn(8, 16, device="cuda")
+        with torch.no_grad():
+            for _ in range(3):
+                model(x)
+        assert graphtrees.tree_info("cuda")["num_nodes"] == 1
+        torch._dynamo.reset()  # as PyTorch's own tests do between cases
+        info = graphtrees.tree_info("cuda")
+        assert info["num_nodes"] == 0 and info["pool"]["reserved_bytes"] == 0
+        assert live_pool_blocks() == 0
+
 
 @needs_hook
 @pytest.mark.needs_cuda
