@@ -6,6 +6,7 @@ check what graphtrees does -- nodes, counts, pool blocks -- not values). The las
 cases of PyTorch's test/inductor/test_cudagraph_trees.py with install() on.
 """
 
+import logging
 import os
 import re
 import subprocess
@@ -315,22 +316,34 @@ class TestReduceOverheadOnGraphtrees:
         assert [n[-5:] for n in names] == ["[1/2]", "[2/2]"] and names[0][:-5] == names[1][:-5]
         assert _unsafe_copy_calls[0] == 3  # eager between the partitions on every call
 
-    def test_a_graph_inductor_skips_stays_skipped_with_its_reason(self, caplog):
+    def test_a_graph_inductor_skips_stays_skipped_with_its_reason(self):
         # With input-mutation support off, a mutated eager input is one of Inductor's reasons.
         @torch.compile(mode="reduce-overhead")
         def f(acc, y):
             acc.add_(1)
             return y * 2
 
+        # Inductor says why on its "cudagraphs" artifact log (TORCH_LOGS=cudagraphs).
+        reasons = []
+        keep = logging.Handler()
+        keep.emit = lambda record: reasons.append(record.getMessage())
+        artifact = logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
         before = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
         acc, y = torch.zeros(8, device="cuda"), torch.ones(8, device="cuda")
-        with torch._inductor.config.patch("triton.cudagraph_support_input_mutation", False):
-            with caplog.at_level("DEBUG"):
+        torch._logging.set_logs(cudagraphs=True)
+        artifact.addHandler(keep)
+        disabled, artifact.disabled = artifact.disabled, False  # a dictConfig may have disabled it
+        try:
+            with torch._inductor.config.patch("triton.cudagraph_support_input_mutation", False):
                 for _ in range(3):
                     f(acc, y)
+        finally:
+            artifact.removeHandler(keep)
+            artifact.disabled = disabled
+            torch._logging.set_logs()
         assert torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] == before + 1
         assert graphtrees.tree_info("cuda")["num_nodes"] == 0
-        assert "skipping cudagraphs due to mutated inputs" in caplog.text
+        assert any("skipping cudagraphs due to mutated inputs" in r for r in reasons), reasons
 
     def test_reset_gives_every_pool_block_back(self):
         model = torch.compile(mlp(), mode="reduce-overhead")
