@@ -51,7 +51,6 @@ BUILT_WITH = os.path.join(ROOT, "graphtrees", "_built_with.py")
 _built_with = (
     '"""Written by setup.py: the torch graphtrees._C was compiled against."""\n\n'
     f"TORCH = {torch.__version__!r}\n"
-    f"TORCH_CUDA = {torch.version.cuda!r}\n"
 )
 if not os.path.exists(BUILT_WITH) or open(BUILT_WITH).read() != _built_with:
     with open(BUILT_WITH, "w") as f:

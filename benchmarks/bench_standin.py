@@ -17,6 +17,7 @@ bytes), memory (pool bytes for K sibling branches, graphtrees against PyTorch's 
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -206,7 +207,7 @@ def bench_dropin(iters, rounds):
         torch.cuda.empty_cache()
         with torch.set_grad_enabled(grad):
             for impl in ("pytorch_trees", "graphtrees"):
-                with graphtrees.install() if impl == "graphtrees" else _nothing():
+                with graphtrees.install() if impl == "graphtrees" else contextlib.nullcontext():
                     call = make(compiled)
                     for _ in range(6):  # warm up, record, compile (while installed)
                         call()
@@ -229,14 +230,6 @@ def bench_dropin(iters, rounds):
     graphtrees.reset()
     torch._dynamo.reset()
     return {"rows": rows, "iters": iters, "rounds": rounds}
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 def private_pool_bytes():

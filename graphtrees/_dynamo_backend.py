@@ -223,10 +223,15 @@ def _traced_strides(gm: torch.fx.GraphModule) -> list[Any]:
     return [tuple(v.stride()) if isinstance(v, torch.Tensor) else None for v in vals]
 
 
-def _graphed(opts, run, static_idxs, mode, name, reason="") -> Any:
-    return get_ext().GraphedCallable(
-        run, dict(opts.graph_options, static_argnums=list(static_idxs)), None, name, mode, reason
-    )
+def _graphed(opts, compiled, static_idxs, mode, name, reason="") -> Any:
+    """A graphtrees function running `compiled`, a boxed callable (it takes the inputs as one
+    list, as Inductor's and AOTAutograd's compiled graphs do)."""
+
+    def run(*args):
+        return compiled(list(args))
+
+    options = dict(opts.graph_options, static_argnums=list(static_idxs))
+    return get_ext().GraphedCallable(run, options, None, name, mode, reason)
 
 
 def _boxed(run: Callable[..., Any]) -> Callable[[list], Any]:
@@ -272,7 +277,7 @@ def _wrap(
     if reason and opts.strict:
         raise SkipError(f"graphtrees (strict=True): cannot record '{name}': {reason}")
     compiled = compile_fn(gm, example_inputs, static_idxs)
-    graphed = _graphed(opts, lambda *args: compiled(list(args)), static_idxs, mode, name, reason)
+    graphed = _graphed(opts, compiled, static_idxs, mode, name, reason)
     boxed = _boxed(graphed)
     boxed.graphed = [graphed]
     return boxed
@@ -309,13 +314,7 @@ def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, 
         piece_static = [k for k, a in enumerate(piece.inputs) if a.name in static]
         inputs = [example.get(a, a.meta.get("val")) for a in piece.inputs]
         compiled = compile_fn(module, inputs, piece_static)
-        g = _graphed(
-            opts,
-            lambda *args: compiled(list(args)),
-            piece_static,
-            mode,
-            name + label(i, len(pieces)),
-        )
+        g = _graphed(opts, compiled, piece_static, mode, name + label(i, len(pieces)))
         g._counts_pending = i == counting
         graphed.append(g)
         return _named(g, f"recorded_piece_{i + 1}")

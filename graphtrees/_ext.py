@@ -2,21 +2,18 @@
 
 _C = None
 _import_error = None
-# The torch graphtrees._C was compiled against (graphtrees/_built_with.py, written by setup.py).
-built_with_torch = None
 
 
 def _check_torch() -> None:
-    """ImportError when the running torch is not the one the extension was compiled against: its
-    C++ ABI would not match (undefined symbols at best, a crash at worst)."""
-    global built_with_torch
+    """ImportError when the running torch is not the one the extension was compiled against
+    (graphtrees/_built_with.py, written by setup.py): its C++ ABI would not match (undefined
+    symbols at best, a crash at worst)."""
     try:
         from ._built_with import TORCH
     except ImportError:  # a source tree that was never built: the _C import reports it
         return
     import torch
 
-    built_with_torch = TORCH
     if torch.__version__ != TORCH:
         raise ImportError(
             f"graphtrees was built against torch {TORCH}, running torch {torch.__version__}: "

@@ -35,17 +35,12 @@ from typing import Any
 
 import torch
 
+from ._dynamo_backend import _GRAPH_OPTIONS
+
 _logger = logging.getLogger("graphtrees")
 _NEEDED = "2.14"
 # The graphtrees options the policy takes: the graph options of graphtrees.compile().
-_POLICY_OPTIONS = (
-    "warmup_iters",
-    "rerecord_limit",
-    "max_recorded_shapes",
-    "on_overwrite",
-    "chain_limit",
-    "verify",
-)
+_POLICY_OPTIONS = (*_GRAPH_OPTIONS, "verify")
 _graph_counter = itertools.count()
 # Inductor calls should_wrap(graph) and then, for the same graph, cudagraphify(callable): the
 # graph (its partitions) is kept between the two calls, per compiling thread.
@@ -104,10 +99,10 @@ def _make_policy_class() -> type:
             return True
 
         def _wrap(self, run: Callable, static: list[int], mode: Any, name: str, counts: bool):
-            graphed = _graphed(self._opts, lambda *args: run(list(args)), static, mode, name)
+            graphed = _graphed(self._opts, run, static, mode, name)
             graphed._counts_pending = counts
             boxed = _boxed(graphed)
-            boxed.graphed = graphed
+            boxed.graphed = [graphed]  # as the backend's boxed graphs
             return boxed
 
         def cudagraphify(
@@ -183,9 +178,8 @@ def _is_ours(policy: Any) -> bool:
 class Installation:
     """What :func:`install` returns: a context manager that uninstalls on exit."""
 
-    def __init__(self, policy: Any, previous: Any):
+    def __init__(self, policy: Any):
         self.policy = policy
-        self.previous = previous
 
     def __enter__(self) -> "Installation":
         return self
@@ -194,7 +188,7 @@ class Installation:
         import torch._inductor.config as config
 
         if config.cudagraph_policy is self.policy:
-            config.cudagraph_policy = self.previous
+            config.cudagraph_policy = self.policy.previous
 
     def __repr__(self) -> str:
         return f"<graphtrees installation of {self.policy!r}>"
@@ -229,15 +223,15 @@ def install(**options: Any) -> Installation:
         _free_trees_on_dynamo_reset()
     policy = _policy_class(options)
     current = config.cudagraph_policy
-    previous = current.previous if _is_ours(current) else current
-    policy.previous = previous
+    # What uninstalling restores: the policy from before graphtrees, when replacing ours.
+    policy.previous = current.previous if _is_ours(current) else current
     config.cudagraph_policy = policy
     _logger.info(
         "graphtrees.install(): torch.compile(mode='reduce-overhead') graphs compiled from now on "
         "are recorded by graphtrees%s",
         f" ({options})" if options else "",
     )
-    return Installation(policy, previous)
+    return Installation(policy)
 
 
 def uninstall() -> bool:

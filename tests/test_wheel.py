@@ -59,20 +59,17 @@ def test_the_wheel_holds_the_extension_and_pins_its_torch(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         metadata = email.message_from_bytes(z.read(meta))
         built_with = z.read("graphtrees/_built_with.py").decode()
+        entry_points = z.read(entry_points).decode()
     assert any(n.startswith("graphtrees/_C.") and n.endswith(".so") for n in names)
     assert "graphtrees/_C.pyi" in names and "graphtrees/py.typed" in names
     base = torch.__version__.split("+")[0]
     requires = [r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r]
     assert requires == [f"torch=={base}"]
     assert f"TORCH = {torch.__version__!r}" in built_with
-    with zipfile.ZipFile(wheel) as z:
-        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-        assert (
-            "graphtrees = graphtrees._dynamo_backend:graphtrees_backend"
-            in z.read(entry_points).decode()
-        )
+    assert "graphtrees = graphtrees._dynamo_backend:graphtrees_backend" in entry_points
 
 
 def test_the_wheel_installs_and_runs_in_a_fresh_environment(wheel, tmp_path):
