@@ -8,8 +8,9 @@ the compiled core has loaded; ``install`` takes that module):
 * ``torch.compiler.cudagraph_mark_step_begin()`` (and ``torch._inductor.cudagraph_trees.
   mark_step_begin`` where that module is loaded) also marks a graphtrees step.
 * While a graph is being recorded on some thread, ``torch.Tensor.tolist`` is wrapped (a host read
-  that ATen does not dispatch is watched) and Python's garbage collector is paused on the
-  recording thread; both are undone when the recording ends.
+  that ATen does not dispatch is watched), Python's garbage collector is paused on the recording
+  thread and a profile function (``sys.setprofile``) watches that thread for calls that set a
+  generator's state; all are undone when the recording ends.
 * Three ``torch.nn.Module`` registration hooks (parameters, buffers, submodules) count the
   registrations, so that wrapped modules re-read their tensors only when some module changed.
   They are plain Python: code that ``torch.compile`` traces (an HF model that slices a
@@ -100,12 +101,61 @@ def _watched_tolist(self, *args, **kwargs):
     return _original_tolist(self, *args, **kwargs)
 
 
+# Note [Generators set inside a function]
+# A replay draws from the generators the recording drew from, as they are when it runs: a CUDA
+# graph through its registered generators, a CPU program through the generators its ops took.
+# What neither can replay is a function that sets a generator itself (`g.manual_seed(0)`,
+# `g.set_state(s)`, `torch.manual_seed(0)` in forward): those are methods of torch.Generator, not
+# ops, so nothing recorded repeats them, and each replay would go on drawing where the last one
+# stopped where eager starts over. torch does not refuse it: during a CUDA capture, a seed equal
+# to the generator's own is accepted and does nothing. No generator state at the start of the
+# call tells it apart from a caller that reseeds between calls (which replays right), and a
+# generator reached through a closure is first seen at its first draw, after the function set it.
+# So the call itself is watched: while a graph is recorded, a profile function on the recording
+# thread sees every call of a builtin, and one of these methods on a torch.Generator raises
+# before it runs. The capture fails there, as a CUDA capture fails at a forbidden call, and the
+# function runs eagerly from then on with that reason (Note [Errors during a capture] in
+# csrc/TreeManager.h). A profiler already set on the thread is kept and called; a profiler that
+# is not a Python callable (cProfile's on Python 3.11) is left alone, and the watch is off then.
+_GENERATOR_SETTERS = frozenset(
+    {"manual_seed", "seed", "set_state", "graphsafe_set_state", "set_offset"}
+)
+
+
+class GeneratorSetDuringRecording(RuntimeError):
+    pass
+
+
+def _watch_generators(previous):
+    generator_type = torch._C.Generator
+
+    def profile(frame, event, arg):
+        if (
+            event == "c_call"
+            and getattr(arg, "__name__", None) in _GENERATOR_SETTERS
+            and isinstance(getattr(arg, "__self__", None), generator_type)
+        ):
+            raise GeneratorSetDuringRecording(
+                f"it calls torch.Generator.{arg.__name__}() on the {arg.__self__.device} "
+                "generator while it is recorded: a replay would not repeat it and would go on "
+                "drawing where the last replay stopped. Set the generator outside the graphed "
+                "function (Note [Generators set inside a function])"
+            )
+        if previous is not None:
+            return previous(frame, event, arg)
+        return None
+
+    return profile
+
+
 def _capture_scope():
     """Entered around every capture (see Note [Rejected captures] in csrc/cpu/HostSyncWatch.cpp):
-    the garbage collector is paused, so that no finalizer frees pool memory mid-capture, and
-    Tensor.tolist() -- a host read that ATen does not dispatch -- is watched on this thread.
-    Returns the function that leaves the scope."""
+    the garbage collector is paused, so that no finalizer frees pool memory mid-capture,
+    Tensor.tolist() -- a host read that ATen does not dispatch -- is watched on this thread, and
+    so are calls that set a generator (Note [Generators set inside a function]). Returns the
+    function that leaves the scope."""
     import gc
+    import sys
 
     import torch
 
@@ -119,9 +169,15 @@ def _capture_scope():
             _original_tolist = torch.Tensor.tolist
             torch.Tensor.tolist = _watched_tolist
         _active_scopes += 1
+    previous_profile = sys.getprofile()
+    watching = previous_profile is None or callable(previous_profile)
+    if watching:
+        sys.setprofile(_watch_generators(previous_profile))
 
     def leave():
         global _active_scopes
+        if watching:
+            sys.setprofile(previous_profile)
         _capture_tls.depth -= 1
         with _tolist_lock:
             _active_scopes -= 1

@@ -255,3 +255,74 @@ def test_self_attention_records_its_own_path_and_replays_the_program():
         x = torch.randn(2, 5, 16)
         assert_close(g(x), mha(x, x, x, need_weights=False)[0])
     assert cpu_replays("cpu") == ["program"]
+
+
+def _set_inside(how, gen, start):
+    if how == "Generator.manual_seed":
+        gen.manual_seed(0)
+    elif how == "Generator.set_state":
+        gen.set_state(start)
+    else:
+        torch.manual_seed(0)
+        return None  # the default generator
+    return gen
+
+
+@pytest.mark.parametrize(
+    "how", ["Generator.manual_seed", "Generator.set_state", "torch.manual_seed"]
+)
+def test_a_generator_set_inside_the_function_is_not_replayed_past(device, how):
+    # A replay would not repeat the setting and would go on drawing where the last one stopped;
+    # eager starts over on every call. torch accepts the same seed during a CUDA capture.
+    gen = torch.Generator(device).manual_seed(0)
+    start = gen.get_state()
+
+    def f(x):
+        return x + torch.rand(x.shape, generator=_set_inside(how, gen, start), device=device)
+
+    g = cudagraphify(f, name="reseeds")
+    for _ in range(4):
+        x = torch.randn(3, device=device)
+        want = x + torch.rand(3, generator=torch.Generator(device).manual_seed(0), device=device)
+        assert_close(g(x), want)
+    assert info(device)["num_replays"] == 0
+    (sig,) = g.signatures()
+    assert f"torch.Generator.manual_seed() on the {device}" in sig["eager_reason"] or (
+        "set_state()" in sig["eager_reason"]
+    ), sig["eager_reason"]
+
+
+def test_a_generator_the_caller_sets_between_calls_is_replayed(device):
+    gen = torch.Generator(device)
+    g = cudagraphify(lambda x: x + torch.rand(x.shape, generator=gen, device=device))
+    for _ in range(4):
+        gen.manual_seed(0)
+        x = torch.randn(3, device=device)
+        want = x + torch.rand(3, generator=torch.Generator(device).manual_seed(0), device=device)
+        assert_close(g(x), want)
+    assert info(device)["num_replays"] == 2
+
+
+def test_a_profiler_set_on_the_thread_still_sees_a_recording():
+    import sys
+
+    calls = []
+
+    def profiler(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "doubled_sigmoid":
+            calls.append(event)
+
+    def doubled_sigmoid(x):
+        return torch.sigmoid(x) * 2
+
+    g = cudagraphify(doubled_sigmoid)
+    sys.setprofile(profiler)
+    try:
+        for _ in range(4):
+            x = torch.randn(3)
+            assert torch.equal(g(x), torch.sigmoid(x) * 2)
+        assert sys.getprofile() is profiler
+    finally:
+        sys.setprofile(None)
+    # The warmup and the recording ran the function (the replays run its program, no Python).
+    assert len(calls) == 2 and info("cpu")["num_replays"] == 2
