@@ -3,6 +3,7 @@
 #include "cpu/CpuBackend.h"
 #include "cpu/CpuPool.h"
 #include "cpu/HostSyncWatch.h"
+#include "cpu/ProgramRecorder.h"
 
 #ifdef GRAPHTREES_WITH_CUDA
 #include "cuda/CudaBackend.h"
@@ -49,6 +50,10 @@ bool callerIsCapturing(c10::Device device) {
 
 void noteUndispatchedHostRead(const char* what) {
   noteHostSync(what);
+}
+
+void noteUndispatchedAccess(const char* what) {
+  ProgramRecorder::noteUndispatchedAccess(what);
 }
 
 #ifndef GRAPHTREES_WITH_CUDA

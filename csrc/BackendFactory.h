@@ -29,6 +29,9 @@ bool callerIsCapturing(c10::Device device);
 // A host read that ATen does not dispatch (Tensor.tolist()), reported by the Python layer: the CPU
 // backend rejects a capture that makes one (Note [Rejected captures] in cpu/HostSyncWatch.cpp).
 void noteUndispatchedHostRead(const char* what);
+// Access to tensor memory that ATen does not dispatch (Tensor.numpy(), Tensor.data_ptr()),
+// reported by the Python layer: a CPU recording keeps the Python replay (Note [CPU graphs]).
+void noteUndispatchedAccess(const char* what);
 
 // For the tests: {pools alive, allocated blocks, reserved bytes} over every CPU pool, released
 // ones that still have blocks in use included.

@@ -5,6 +5,7 @@
 #include "FailureInjection.h"
 #include "InputMutationCheck.h"
 #include "Logging.h"
+#include "PlaceholderViewCheck.h"
 #include "PythonHooks.h"
 #include "ThreadState.h"
 
@@ -160,8 +161,7 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     endPath(*why, inputs);
     key = keyOf(fn, inputs);
   }
-  // A function that ran out of memory tries again once an eviction may have made room.
-  const bool out_of_memory =
+  const bool out_of_memory =  // it tries again once an eviction may have made room
       (st.oom_at_evictions >= 0 && st.oom_at_evictions == counters_.num_evictions) ||
       (st.oom_at_budget >= 0 && st.oom_at_budget == budget_epoch_);
   if (state_ == PathState::kWarmup || st.warmups < fn.options->warmup_iters) {
@@ -423,7 +423,9 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     mutations.emplace(rec->inputs, rec->copied);
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
+    PlaceholderViewCheck views(ins, rec->inputs, rec->copied, rec->dense);
     rec->graph = backend_->capture(run, rec->inputs, &rec->outputs, captureSpec(fn));
+    if (!views.refusal().empty()) throw CaptureRejected(views.refusal());
     // The placeholders ran: those that can be are written back (Note in CopiedInputs.h).
     mutated = CopiedInputs::firstNotWrittenBack(*mutations, ins, rec->copied, &mutating_op,
                                                 &why_not, &rec->written_back);
@@ -529,8 +531,7 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
                  bytesString(raw->poolBytes()) + " written)");
   // The recording's mutations of copied inputs reach the caller now that no fallback can follow.
   for (size_t k : raw->writtenBack()) ins[raw->copiedInputs()[k]].copy_(raw->placeholders()[k]);
-  // Outputs that alias an input the restore had to invalidate alias its clone (Note [The inputs a
-  // run uses]).
+  // Outputs aliasing an input a restore invalidated alias its clone: Note [The inputs a run uses].
   return {raw->buildOutputs(slot_storages, ins), RunKind::kRecord};
 }
 

@@ -335,6 +335,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_note_host_sync", [](const std::string& what) { noteUndispatchedHostRead(what.c_str()); },
       py::arg("what"),
       "Reports a host read that ATen does not dispatch (Tensor.tolist) on this thread.");
+  m.def(
+      "_note_undispatched_access",
+      [](const std::string& what) { noteUndispatchedAccess(what.c_str()); }, py::arg("what"),
+      "Reports access to tensor memory that ATen does not dispatch (Tensor.numpy) on this thread.");
   m.def("_cpu_pool_totals", &cpuPoolTotals,
         "[pools alive, allocated blocks, reserved bytes] over every CPU pool, released ones too.");
   m.attr("backends") = compiledBackends();

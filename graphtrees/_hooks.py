@@ -78,7 +78,7 @@ def _enclosing_custom_op() -> str | None:
 
     from torch._library.custom_ops import CustomOpDef
 
-    frame = sys._getframe(2)
+    frame = sys._getframe(3)
     while frame is not None:
         owner = frame.f_locals.get("self")
         if isinstance(owner, CustomOpDef):
@@ -87,17 +87,20 @@ def _enclosing_custom_op() -> str | None:
     return None
 
 
+def _note_host_read(what):
+    op = _enclosing_custom_op()
+    if op is not None:
+        # Such an op can be kept out of compiled recordings (Note [Piecewise graphs]).
+        what += (
+            f" inside the custom op {op}; under torch.compile, splitting_ops=['{op}'] runs "
+            "it eagerly between recorded pieces"
+        )
+    _C._note_host_sync(what)
+
+
 def _watched_tolist(self, *args, **kwargs):
     if getattr(_capture_tls, "depth", 0) > 0:
-        what = "Tensor.tolist() (reads the tensor's values on the host)"
-        op = _enclosing_custom_op()
-        if op is not None:
-            # Such an op can be kept out of compiled recordings (Note [Piecewise graphs]).
-            what += (
-                f" inside the custom op {op}; under torch.compile, splitting_ops=['{op}'] runs "
-                "it eagerly between recorded pieces"
-            )
-        _C._note_host_sync(what)
+        _note_host_read("Tensor.tolist() (reads the tensor's values on the host)")
     return _original_tolist(self, *args, **kwargs)
 
 
@@ -122,19 +125,46 @@ _GENERATOR_SETTERS = frozenset(
 )
 
 
+# Note [Memory reached outside the dispatcher]
+# A CPU recording replays the ops the function dispatched (Note [CPU graphs] in
+# csrc/cpu/CpuGraph.h). Tensor.numpy() and DLPack (Tensor.__dlpack__, np.from_dlpack) hand the
+# tensor's memory to numpy, and Tensor.data_ptr() to ctypes or a C extension: code no op shows.
+# A program would bake what it computed from the recording's values (numpy arithmetic made a
+# tensor again by torch.from_numpy, as_tensor or torch.tensor; a torch.library.custom_op
+# implemented with numpy), and its completeness proof cannot see it: the baked tensor lies
+# outside the pool. The same profile function sees these calls while a graph is recorded.
+# numpy and DLPack are there to read values on the host, as tolist() is, often to branch on them:
+# the capture is rejected as a host read (on CUDA the values need a host copy, which a capture
+# refuses) and the function runs eagerly. data_ptr() is also how code passes tensors to compiled
+# kernels: the CPU recording keeps the Python replay, which runs that code again.
+_HOST_VIEWS = frozenset({"numpy"})  # methods of Tensor
+_DLPACK_EXPORTS = frozenset({"_to_dlpack", "_to_dlpack_versioned"})  # functions of torch._C
+_ADDRESSES = frozenset({"data_ptr"})  # methods of Tensor and UntypedStorage
+
+
 class GeneratorSetDuringRecording(RuntimeError):
     pass
 
 
-def _watch_generators(previous):
+def _recording_profile(previous):
     generator_type = torch._C.Generator
+    memory_types = (torch._C.TensorBase, torch.UntypedStorage)
 
     def profile(frame, event, arg):
-        if (
-            event == "c_call"
-            and getattr(arg, "__name__", None) in _GENERATOR_SETTERS
-            and isinstance(getattr(arg, "__self__", None), generator_type)
-        ):
+        if event != "c_call":
+            return previous(frame, event, arg) if previous is not None else None
+        name = getattr(arg, "__name__", None)
+        owner = getattr(arg, "__self__", None)
+        if name in _HOST_VIEWS and isinstance(owner, torch._C.TensorBase):
+            _note_host_read("Tensor.numpy() (numpy reads the tensor's values on the host)")
+        elif name in _DLPACK_EXPORTS and owner is torch._C:
+            _note_host_read(
+                "a DLPack export (Tensor.__dlpack__, np.from_dlpack: numpy reads "
+                "the tensor's values on the host)"
+            )
+        elif name in _ADDRESSES and isinstance(owner, memory_types):
+            _C._note_undispatched_access(f"{type(owner).__name__}.{name}()")
+        elif name in _GENERATOR_SETTERS and isinstance(owner, generator_type):
             raise GeneratorSetDuringRecording(
                 f"it calls torch.Generator.{arg.__name__}() on the {arg.__self__.device} "
                 "generator while it is recorded: a replay would not repeat it and would go on "
@@ -172,7 +202,7 @@ def _capture_scope():
     previous_profile = sys.getprofile()
     watching = previous_profile is None or callable(previous_profile)
     if watching:
-        sys.setprofile(_watch_generators(previous_profile))
+        sys.setprofile(_recording_profile(previous_profile))
 
     def leave():
         global _active_scopes

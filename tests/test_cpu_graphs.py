@@ -169,20 +169,37 @@ def test_a_tensor_python_filled_is_caught_whatever_the_memory_held(caplog):
 
 
 def test_a_write_outside_the_dispatcher_falls_back_to_the_python_replay(x, caplog):
+    import ctypes
+
+    def via_ctypes(x):
+        out = torch.empty_like(x)
+        ctypes.memmove(out.data_ptr(), x.data_ptr(), x.nbytes)  # no op is dispatched
+        return out + 1
+
+    g = cudagraphify(via_ctypes, name="via_ctypes")
+    with caplog.at_level(logging.WARNING, logger="graphtrees"):
+        for _ in range(4):
+            y = torch.randn(4, 8)
+            assert_close(g(y), y + 1)
+    assert cpu_replays("cpu") == ["python"]
+    assert info("cpu")["num_replays"] == 2 and info("cpu")["num_program_replays"] == 0
+    logged = [r.getMessage() for r in caplog.records if "via_ctypes" in r.getMessage()]
+    assert len(logged) == 1 and "outside the dispatcher (Tensor.data_ptr())" in logged[0], logged
+
+
+def test_a_write_through_numpy_runs_eagerly_with_the_reason(x):
     def via_numpy(x):
         out = torch.empty_like(x)
         out.numpy()[:] = x.numpy() * 2  # numpy view of tensor memory: no op is dispatched
         return out + 1
 
     g = cudagraphify(via_numpy, name="via_numpy")
-    with caplog.at_level(logging.WARNING, logger="graphtrees"):
-        for _ in range(4):
-            y = torch.randn(4, 8)
-            assert_close(g(y), y * 2 + 1)
-    assert cpu_replays("cpu") == ["python"]
-    assert info("cpu")["num_replays"] == 2 and info("cpu")["num_program_replays"] == 0
-    logged = [r.getMessage() for r in caplog.records if "via_numpy" in r.getMessage()]
-    assert len(logged) == 1 and "output 0 differed" in logged[0], logged
+    for _ in range(4):
+        y = torch.randn(4, 8)
+        assert_close(g(y), y * 2 + 1)
+    assert info("cpu")["num_replays"] == 0
+    (sig,) = g.signatures()
+    assert "Tensor.numpy()" in sig["eager_reason"], sig["eager_reason"]
 
 
 def test_a_tensor_made_outside_the_dispatcher_keeps_the_python_replay(caplog):

@@ -326,3 +326,177 @@ def test_a_profiler_set_on_the_thread_still_sees_a_recording():
         sys.setprofile(None)
     # The warmup and the recording ran the function (the replays run its program, no Python).
     assert len(calls) == 2 and info("cpu")["num_replays"] == 2
+
+
+def _rows(base):
+    return base[1:, 0]  # a view at offset 2 of base's storage, with a gap after each element
+
+
+@pytest.mark.parametrize(
+    "fn, make, why",
+    [
+        (
+            lambda x: x.as_strided((3,), (1,), 0) * 2,  # an absolute offset, before the view
+            lambda d: torch.randn(4, 2, device=d)[1:, 0],
+            "explicit storage offset, while the input starts at offset 2",
+        ),
+        (
+            lambda x: x.as_strided((4,), (1,)) * 2,  # from the view's start, into its gaps
+            lambda d: torch.randn(4, 2, device=d)[1:, 0],
+            "outside the input's own elements",
+        ),
+        (
+            lambda x: torch.empty(0, device=x.device).set_(x.untyped_storage()) + 1,
+            lambda d: torch.randn(4, 2, device=d)[1:],
+            "takes the whole storage",
+        ),
+        (
+            lambda x: x.as_strided((2, 2), (1, 1)).sum(0),  # overlapping input: another layout
+            lambda d: torch.randn(1, 3, device=d).expand(2, 3),
+            "elements overlap",
+        ),
+    ],
+    ids=["absolute-offset", "into-gaps", "whole-storage", "expanded-input"],
+)
+def test_views_beyond_a_copied_input_run_eagerly_with_the_reason(device, fn, make, why):
+    g = cudagraphify(fn, name="views")
+    for _ in range(4):
+        x = make(device)
+        assert_close(g(x), fn(x))
+    assert info(device)["num_replays"] == 0
+    (sig,) = g.signatures()
+    assert why in sig["eager_reason"] and "Views beyond a copied input" in sig["eager_reason"]
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (lambda x: x.as_strided((2,), (2,)) * 2, lambda d: torch.randn(4, 2, device=d)[1:, 0]),
+        (
+            lambda x: x.as_strided((2, 2), (1, 1), x.storage_offset() + 1) * 2,
+            lambda d: torch.randn(6, device=d),
+        ),
+        (lambda x: torch.diagonal(x) + 1, lambda d: torch.randn(5, 5, device=d)[1:, 1:]),
+        (lambda x: x.unfold(0, 2, 1).sum(-1), lambda d: torch.randn(9, device=d)[2:]),
+    ],
+    ids=["within-gapped", "offset-from-its-start", "diagonal-of-a-view", "unfold-of-a-view"],
+)
+def test_views_within_a_copied_input_are_recorded(device, fn, make):
+    g = cudagraphify(fn)
+    for _ in range(4):
+        x = make(device)
+        assert_close(g(x), fn(x))
+    assert info(device)["num_replays"] == 2
+
+
+def test_a_view_beyond_a_static_input_is_recorded():
+    base = torch.randn(4, 2)
+    g = cudagraphify(lambda x: x.as_strided((3,), (1,), 0) * 2, static_argnums=(0,))
+    x = base[1:, 0]
+    for _ in range(4):
+        base.normal_()
+        assert torch.equal(g(x), x.as_strided((3,), (1,), 0) * 2)
+    assert info("cpu")["num_replays"] == 2
+
+
+@torch.library.custom_op("graphtrees_tests::numpy_double", mutates_args=())
+def _numpy_double(x: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(x.numpy() * 2)
+
+
+@_numpy_double.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _on_a_thread_pool(x):
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(torch.mul, x, 2).result() + 1
+
+
+def _through_ctypes(x):
+    import ctypes
+
+    return x + ctypes.c_float.from_address(x.data_ptr()).value
+
+
+def _through_dlpack(x):
+    return x + torch.from_numpy(np.from_dlpack(x) * 2)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x * 2 if x.numpy().sum() > 0 else torch.cat([x, x]),
+        lambda x: x + torch.from_numpy(x.numpy() * 2),
+        lambda x: x + torch.as_tensor(x.numpy() + 1),
+        lambda x: x + torch.tensor(x.numpy() ** 2),
+        lambda x: _numpy_double(x) + 1,
+        _through_dlpack,
+    ],
+    ids=[
+        "numpy-branch",
+        "from_numpy",
+        "as_tensor",
+        "tensor-of-ndarray",
+        "numpy-custom-op",
+        "dlpack",
+    ],
+)
+def test_values_read_through_numpy_run_eagerly_with_the_reason(fn):
+    # numpy reads values on the host, as tolist() does: a branch on them, or a tensor made from
+    # them, is what a program would bake.
+    g = cudagraphify(fn)
+    for sign in (1, 1, 1, -1, 1):
+        x = torch.rand(4) * sign
+        assert torch.equal(g(x), fn(x))
+    assert info("cpu")["num_replays"] == 0
+    (sig,) = g.signatures()
+    assert "reads tensor values on the host" in sig["eager_reason"], sig["eager_reason"]
+    assert "numpy reads the tensor's values" in sig["eager_reason"]
+
+
+def test_a_custom_op_reading_values_through_numpy_is_named():
+    g = cudagraphify(lambda x: _numpy_double(x) + 1)
+    for _ in range(3):
+        g(torch.randn(4))
+    (sig,) = g.signatures()
+    assert "inside the custom op graphtrees_tests::numpy_double" in sig["eager_reason"]
+
+
+@pytest.mark.parametrize(
+    "fn, why",
+    [(_through_ctypes, "Tensor.data_ptr()"), (_on_a_thread_pool, "on another thread")],
+    ids=["ctypes", "thread-pool"],
+)
+def test_values_made_outside_the_dispatcher_are_not_replayed_frozen(fn, why, tree_logs, request):
+    name = request.node.callspec.id  # the reason is logged once per function name
+    g = cudagraphify(fn, name=name)
+    for _ in range(5):
+        x = torch.randn(4)
+        assert_close(g(x), fn(x))
+    assert cpu_replays("cpu") == ["python"] and info("cpu")["num_replays"] == 3
+    logged = [m for m in tree_logs.messages if m.startswith(f"CPU replays of '{name}'")]
+    assert len(logged) == 1 and why in logged[0], logged
+
+
+def test_a_torchscript_fork_inside_the_function_replays_equal_to_eager():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated in torch 2.14
+
+        @torch.jit.script
+        def tripled(x: torch.Tensor) -> torch.Tensor:
+            return x * 3
+
+        def f(x):
+            return torch.jit.wait(torch.jit.fork(tripled, x)) + 1
+
+        g = cudagraphify(f)
+        for _ in range(5):
+            x = torch.randn(4)
+            assert_close(g(x), x * 3 + 1)
+    assert info("cpu")["num_replays"] == 3

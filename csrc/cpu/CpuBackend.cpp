@@ -113,7 +113,11 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
     RouteGuard guard(&st);
     HostSyncWatchGuard watching(&watch);
     std::optional<ProgramRecorder> recorder;
-    if (record_program) recorder.emplace(inputs, &allocations, pool_);
+    std::optional<OtherThreadAllocations> other_threads;  // Note [Tensors made on other threads]
+    if (record_program) {
+      other_threads.emplace();
+      recorder.emplace(inputs, &allocations, pool_);
+    }
     *outputs = run(inputs);
     ran = true;
     if (recorder) {

@@ -84,6 +84,13 @@ void ProgramRecorder::onEnd(const at::RecordFunction& fn, at::ObserverContext* /
   if (ProgramRecorder* r = tls_recorder) r->end(fn);
 }
 
+void ProgramRecorder::noteUndispatchedAccess(const std::string& what) {
+  if (ProgramRecorder* r = tls_recorder) {
+    r->fail("it reaches tensor memory outside the dispatcher (" + what +
+            "), where work no op shows can read or write it (numpy, ctypes, a C extension)");
+  }
+}
+
 void ProgramRecorder::fail(std::string why) {
   if (failure_.empty()) failure_ = std::move(why);
 }
@@ -249,6 +256,12 @@ int32_t ProgramRecorder::slotOf(const at::Tensor& t) {
         "it takes a tensor that was made while the function ran, but not by an op "
         "(torch.tensor(), torch.from_numpy(), Tensor.data, a pybind or ctypes call); a program "
         "cannot make it again");
+    return 0;
+  }
+  if (pool_ != nullptr && t.has_storage() && OtherThreadAllocations::contains(t.storage().data())) {
+    fail(
+        "it takes a tensor made while it ran on another thread (a thread pool, an interop "
+        "thread), whose ops a program does not see (Note [Tensors made on other threads])");
     return 0;
   }
   const int32_t s = newSlot(t);

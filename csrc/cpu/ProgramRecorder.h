@@ -64,6 +64,9 @@ class ProgramRecorder {
   // Why the program cannot be proved (empty if it can).
   const std::string& unproven() const { return unproven_; }
   static constexpr size_t kSavedBytesLimit = size_t{1} << 30;
+  // Python code read or handed out tensor memory outside the dispatcher (`what`: "Tensor.numpy()")
+  // on this thread: the recording there, if any, keeps the Python replay.
+  static void noteUndispatchedAccess(const std::string& what);
   // The generators its ops took as arguments (a closure's, say), with their states when first
   // seen: the proof rewinds them too.
   const RngStates& generatorStates() const { return generators_; }

@@ -8,9 +8,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace graphtrees {
@@ -168,12 +170,41 @@ c10::DataPtr replayAllocate(RouteState* st, size_t nbytes) {
   return c10::DataPtr(ptr, ptr, &replayFree, c10::Device(c10::DeviceType::CPU));
 }
 
+std::atomic<int> g_captures{0};  // CPU captures under way, on all threads
+std::mutex& otherThreadMutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::unordered_set<uintptr_t>& otherThreadAllocations() {
+  static auto* s = new std::unordered_set<uintptr_t>();
+  return *s;
+}
+bool g_other_thread_overflow = false;  // under otherThreadMutex()
+
+void noteOtherThreadAllocation(const void* ptr) {
+  std::lock_guard<std::mutex> lock(otherThreadMutex());
+  if (g_captures.load(std::memory_order_relaxed) == 0) return;
+  auto& noted = otherThreadAllocations();
+  if (noted.size() >= OtherThreadAllocations::kMaxNoted) {
+    g_other_thread_overflow = true;
+  } else {
+    noted.insert(reinterpret_cast<uintptr_t>(ptr));
+  }
+}
+
 // Installed once as c10's CPU allocator; see Note [CPU emulation of graphs].
 class RouterAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     RouteState* st = tls_route;
-    if (C10_LIKELY(st == nullptr) || nbytes == 0) return g_fallback->allocate(nbytes);
+    if (C10_LIKELY(st == nullptr) || nbytes == 0) {
+      c10::DataPtr dp = g_fallback->allocate(nbytes);
+      // Note [Tensors made on other threads]
+      if (C10_UNLIKELY(g_captures.load(std::memory_order_relaxed) > 0) && dp.get() != nullptr) {
+        noteOtherThreadAllocation(dp.get());
+      }
+      return dp;
+    }
     if (st->mode == RouteMode::kReplay) return replayAllocate(st, nbytes);
     TORCH_CHECK_WITH(OutOfMemoryError, !consumeInjectedFailure(FailurePoint::kPoolAlloc),
                      "graphtrees: injected out-of-memory error allocating ", nbytes,
@@ -253,6 +284,25 @@ ReplayScope::~ReplayScope() {
   if (liveness_->alive.empty()) return;
   std::lock_guard<std::mutex> owners(escapedMutex());
   for (const auto& kv : liveness_->alive) escaped().emplace(kv.first, liveness_);
+}
+
+OtherThreadAllocations::OtherThreadAllocations() {
+  std::lock_guard<std::mutex> lock(otherThreadMutex());
+  g_captures.fetch_add(1);
+}
+
+OtherThreadAllocations::~OtherThreadAllocations() {
+  std::lock_guard<std::mutex> lock(otherThreadMutex());
+  if (g_captures.fetch_sub(1) == 1) {
+    otherThreadAllocations().clear();
+    g_other_thread_overflow = false;
+  }
+}
+
+bool OtherThreadAllocations::contains(const void* ptr) {
+  std::lock_guard<std::mutex> lock(otherThreadMutex());
+  return g_other_thread_overflow ||
+         otherThreadAllocations().count(reinterpret_cast<uintptr_t>(ptr)) > 0;
 }
 
 void installRouter() {

@@ -59,6 +59,25 @@ void pushRoute(RouteState* state);
 RouteState* popRoute();
 RouteState* currentRoute();
 
+// Note [Tensors made on other threads]
+// A function can have its work done on another thread (a ThreadPoolExecutor, an interop thread):
+// that thread's ops are not the recording's (the recorder observes its own thread), nor are its
+// allocations routed into the pool, so a tensor it made looks like one from before the call,
+// which a program holds and reuses as it is -- the recording's value, on every replay. While a
+// CPU capture is under way, the allocations the router hands to threads it does not route are
+// noted (up to kMaxNoted, then every unrouted allocation counts until the captures end), and the
+// recorder keeps the Python replay for a function whose ops take such a tensor.
+class OtherThreadAllocations {
+ public:
+  OtherThreadAllocations();  // a capture begins
+  ~OtherThreadAllocations();
+  OtherThreadAllocations(const OtherThreadAllocations&) = delete;
+  OtherThreadAllocations& operator=(const OtherThreadAllocations&) = delete;
+  // Whether `ptr` (an allocation's start) was handed to an unrouted thread during a capture.
+  static bool contains(const void* ptr);
+  static constexpr size_t kMaxNoted = size_t{1} << 16;
+};
+
 class RouteGuard {
  public:
   explicit RouteGuard(RouteState* state) { pushRoute(state); }
