@@ -34,6 +34,9 @@ struct FunctionState {
   // budget epoch then; it tries again once the budget changed (or after reset()).
   int64_t oom_at_budget = -1;
   std::string oom_reason;
+  // The generators on the tree's device its warmups drew from that are not arguments (Note
+  // [Generators a function reaches itself] in DrawnGenerators.cpp); weak references.
+  std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>> drawn_generators;
 };
 
 // What a function is in a training step (see Note [Pending backward]).
@@ -64,10 +67,11 @@ struct FunctionRecord {
   int64_t replays = 0;  // over its life, in every tree: GraphedCallable's eviction policy
 };
 
-// What a capture of `fn` is asked to record.
-inline CaptureSpec captureSpec(const FunctionRecord& fn) {
+// What a capture of `fn` is asked to record; `drawn`: generators its warmups drew from.
+inline CaptureSpec captureSpec(const FunctionRecord& fn, std::vector<at::Generator> drawn) {
   const bool python = fn.options != nullptr && fn.options->cpu_replay == CpuReplay::kPython;
-  return {fn.name, fn.generators,
+  drawn.insert(drawn.begin(), fn.generators.begin(), fn.generators.end());
+  return {fn.name, std::move(drawn),
           python ? "cpu_replay='python' was passed (graphtrees.compile passes it for graphs "
                    "Inductor compiled, whose CPU kernels are called outside the dispatcher)"
                  : ""};

@@ -2,6 +2,7 @@
 
 #include "AutocastState.h"
 #include "CopiedInputs.h"
+#include "DrawnGenerators.h"
 #include "FailureInjection.h"
 #include "InputMutationCheck.h"
 #include "Logging.h"
@@ -344,6 +345,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   std::string why_not;  // why a mutated input cannot be written back
   try {
     InputMutationCheck mutations(ins, unmanaged);
+    DrawnGenerators drawn(backend_->device().type(), &stateOf(fn).drawn_generators);
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PoolRoutingGuard routing(*backend_);
     outs = run(ins);
@@ -424,7 +426,9 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PlaceholderViewCheck views(ins, rec->inputs, rec->copied, rec->dense);
-    rec->graph = backend_->capture(run, rec->inputs, &rec->outputs, captureSpec(fn));
+    rec->graph = backend_->capture(
+        run, rec->inputs, &rec->outputs,
+        captureSpec(fn, DrawnGenerators::alive(stateOf(fn).drawn_generators)));
     if (!views.refusal().empty()) throw CaptureRejected(views.refusal());
     // The placeholders ran: those that can be are written back (Note in CopiedInputs.h).
     mutated = CopiedInputs::firstNotWrittenBack(*mutations, ins, rec->copied, &mutating_op,

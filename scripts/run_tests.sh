@@ -105,7 +105,7 @@ fi
 
 # The second torch builds a copy of the sources, so that its extension never replaces the first
 # one's (an extension only loads with the torch it was compiled against). The copy keeps its own
-# build folder between runs.
+# build folder between runs; only files whose content changed are written (scripts/sync_tree.py).
 VENV=$ROOT/.venv-torch211
 SRC=$VENV/src
 t=$(date +%s)
@@ -113,14 +113,7 @@ t=$(date +%s)
 "$VENV/bin/python" -m pip install torch==2.11.0 torchvision==0.26.0 "${DEPS[@]}"
 stamp "install (torch 2.11.0)" "$t"
 t=$(date +%s)
-mkdir -p "$SRC"
-find "$SRC" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
-  git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$SRC"
-else
-  tar -cf - --exclude=./.venv-torch211 --exclude=./.venv --exclude=./build --exclude='*.so' . \
-    | tar -xf - -C "$SRC"
-fi
+"$PY" scripts/sync_tree.py "$SRC"
 cd "$SRC"
 echo "[run_tests] building graphtrees against torch 2.11.0"
 "$VENV/bin/python" -m pip install --no-build-isolation --no-deps -e .

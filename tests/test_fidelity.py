@@ -303,6 +303,37 @@ def test_a_generator_the_caller_sets_between_calls_is_replayed(device):
     assert info(device)["num_replays"] == 2
 
 
+class _Noise(torch.nn.Module):
+    """Draws from a generator of its own, reached as an attribute, not passed in."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.gen = torch.Generator(device).manual_seed(5)
+
+    def forward(self, x):
+        return x + torch.rand(x.shape, generator=self.gen, device=x.device)
+
+
+def test_a_generator_the_function_reaches_itself_advances_on_every_replay(device):
+    # Torch 2.11 refused the first draw of such a generator during a CUDA capture (it was never
+    # registered with the graph: the function ran eagerly); each replay must advance it as eager
+    # calls do, so that call k draws what eager call k draws.
+    graphed_module, eager_module = _Noise(device), _Noise(device)
+    g = cudagraphify(graphed_module)
+    got, want = [], []
+    for _ in range(5):
+        x = torch.randn(64, device=device)
+        got.append(g(x).clone())
+        want.append(eager_module(x))
+    (sig,) = g.signatures()
+    assert sig["eager_reason"] is None and info(device)["num_replays"] == 3
+    # The generator's state (for CUDA, its seed and philox offset: kept on the host) is where
+    # five eager calls leave it.
+    assert torch.equal(graphed_module.gen.get_state(), eager_module.gen.get_state())
+    for a, b in zip(got, want):
+        assert_close(a, b)
+
+
 def test_a_profiler_set_on_the_thread_still_sees_a_recording():
     import sys
 

@@ -1,0 +1,67 @@
+#include "DrawnGenerators.h"
+
+#include <ATen/core/ivalue.h>
+
+#include <algorithm>
+
+namespace graphtrees {
+
+// Note [Generators a function reaches itself]
+// A replay advances the generators its graph registered before the capture (Note [Generators and
+// captures] in cuda/CudaGraph.cpp). Those passed as arguments are known from the call; one the
+// function reaches itself (a closure, a module attribute: `torch.rand(n, generator=self.gen)`)
+// is not. torch >= 2.12 registers such a generator with the capturing graph at its first draw;
+// torch 2.11 refuses the draw ("Attempt to increase offset for a CUDA generator not in capture
+// mode"), so the function ran eagerly there. Every recording follows a warmup on the same
+// thread, and random ops take their generator as an argument (`Generator? generator`), so the
+// warmup notes the generators its ops drew from and the recording registers them too. A
+// generator first reached during the capture itself is still refused on 2.11 (the function
+// runs eagerly, with that reason). Weak references: a noted generator is not kept alive.
+namespace {
+thread_local DrawnGenerators* tls_watch = nullptr;
+}  // namespace
+
+DrawnGenerators::DrawnGenerators(c10::DeviceType type,
+                                 std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>* seen)
+    : type_(type), seen_(seen) {
+  enabled_.emplace(true);  // observe even where RecordFunction is switched off
+  handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&DrawnGenerators::onStart)
+                                           .needsInputs(true)
+                                           .scopes({at::RecordScope::FUNCTION}));
+  prev_ = tls_watch;
+  tls_watch = this;
+}
+
+DrawnGenerators::~DrawnGenerators() {
+  tls_watch = prev_;
+  at::removeCallback(*handle_);
+}
+
+std::unique_ptr<at::ObserverContext> DrawnGenerators::onStart(const at::RecordFunction& fn) {
+  if (DrawnGenerators* w = tls_watch) w->note(fn);
+  return nullptr;
+}
+
+void DrawnGenerators::note(const at::RecordFunction& fn) {
+  for (const c10::IValue& v : fn.inputs()) {
+    if (!v.isGenerator()) continue;
+    at::Generator gen = v.toGenerator();
+    if (!gen.defined() || gen.device().type() != type_) continue;
+    c10::GeneratorImpl* impl = gen.unsafeGetGeneratorImpl();
+    const bool known = std::any_of(seen_->begin(), seen_->end(), [&](const auto& weak) {
+      return weak._unsafe_get_target() == impl && !weak.expired();
+    });
+    if (!known) seen_->emplace_back(gen.getIntrusivePtr());
+  }
+}
+
+std::vector<at::Generator> DrawnGenerators::alive(
+    const std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>& seen) {
+  std::vector<at::Generator> out;
+  for (const auto& weak : seen) {
+    if (auto strong = weak.lock()) out.emplace_back(std::move(strong));
+  }
+  return out;
+}
+
+}  // namespace graphtrees

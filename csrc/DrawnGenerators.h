@@ -1,0 +1,42 @@
+#pragma once
+
+// The generators of one device type that a function's ops draw from while it runs, on the
+// calling thread: noted during a warmup, so that its recording registers them with the graph
+// (Note [Generators a function reaches itself]).
+
+#include <ATen/core/Generator.h>
+#include <ATen/record_function.h>
+#include <c10/core/DeviceType.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <optional>
+#include <vector>
+
+namespace graphtrees {
+
+class DrawnGenerators {
+ public:
+  // Starts noting the generators on `type` that ops take as an argument, into `seen` (weak
+  // references, no duplicates; `seen` may already hold some).
+  DrawnGenerators(c10::DeviceType type,
+                  std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>* seen);
+  ~DrawnGenerators();
+  DrawnGenerators(const DrawnGenerators&) = delete;
+  DrawnGenerators& operator=(const DrawnGenerators&) = delete;
+
+  // The generators of `seen` that are still alive.
+  static std::vector<at::Generator> alive(
+      const std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>& seen);
+
+ private:
+  static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
+  void note(const at::RecordFunction& fn);
+
+  c10::DeviceType type_;
+  std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>* seen_;
+  DrawnGenerators* prev_ = nullptr;
+  std::optional<at::CallbackHandle> handle_;
+  std::optional<at::RecordFunctionGuard> enabled_;
+};
+
+}  // namespace graphtrees
