@@ -5,6 +5,7 @@
 // what one call did (CallResult).
 
 #include "Backend.h"
+#include "DrawnGenerators.h"
 #include "GraphOptions.h"
 
 #include <ATen/core/Generator.h>
@@ -67,9 +68,10 @@ struct FunctionRecord {
   int64_t replays = 0;  // over its life, in every tree: GraphedCallable's eviction policy
 };
 
-// What a capture of `fn` is asked to record; `drawn`: generators its warmups drew from.
-inline CaptureSpec captureSpec(const FunctionRecord& fn, std::vector<at::Generator> drawn) {
+// What a capture of `fn` is asked to record; `state`: its state in the recording tree.
+inline CaptureSpec captureSpec(const FunctionRecord& fn, const FunctionState& state) {
   const bool python = fn.options != nullptr && fn.options->cpu_replay == CpuReplay::kPython;
+  std::vector<at::Generator> drawn = DrawnGenerators::alive(state.drawn_generators);
   drawn.insert(drawn.begin(), fn.generators.begin(), fn.generators.end());
   return {fn.name, std::move(drawn),
           python ? "cpu_replay='python' was passed (graphtrees.compile passes it for graphs "

@@ -90,6 +90,11 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
       out->unsupported_device = t.device();
       return;
     }
+    if (t._is_zerotensor()) {
+      out->unsupported = "an efficient zero tensor argument (autograd's ZeroTensor has no memory)";
+      out->unsupported_device = t.device();
+      return;
+    }
     if (t.layout() != c10::kStrided || !t.has_storage()) {
       out->unsupported_device = t.device();
       out->unsupported = "a tensor argument with layout " + c10::str(t.layout()) +
@@ -230,10 +235,16 @@ py::object rebuildArg(py::handle obj, const std::vector<at::Tensor>& tensors, si
 bool sameConstant(const py::object& a, const py::object& b) {
   if (a.is(b)) return true;
   if (Py_TYPE(a.ptr()) != Py_TYPE(b.ptr())) return false;
-  if (PyFloat_CheckExact(a.ptr())) {
+  if (PyFloat_CheckExact(a.ptr())) {  // bit for bit: a NaN equals itself, 0.0 is not -0.0
     const double x = PyFloat_AS_DOUBLE(a.ptr());
     const double y = PyFloat_AS_DOUBLE(b.ptr());
     return std::memcmp(&x, &y, sizeof(double)) == 0;
+  }
+  if (PyComplex_CheckExact(a.ptr())) {  // so is a complex number (found by the OpInfo sweep)
+    const Py_complex x = PyComplex_AsCComplex(a.ptr());
+    const Py_complex y = PyComplex_AsCComplex(b.ptr());
+    return std::memcmp(&x.real, &y.real, sizeof(double)) == 0 &&
+           std::memcmp(&x.imag, &y.imag, sizeof(double)) == 0;
   }
   const int r = PyObject_RichCompareBool(a.ptr(), b.ptr(), Py_EQ);
   if (r < 0) {
@@ -364,6 +375,12 @@ void OutputSpec::flattenInto(py::handle obj, std::vector<at::Tensor>* tensors,
       throw py::type_error("graphtrees: '" + name +
                            "' returned a quantized tensor, which graphtrees cannot rebuild on "
                            "replay (its scale and zero point live outside its storage)");
+    }
+    if (t._is_zerotensor()) {  // found by the OpInfo sweep: the sgn backward's gradient
+      throw py::type_error("graphtrees: '" + name +
+                           "' returned an efficient zero tensor (autograd's ZeroTensor, as a "
+                           "backward returns for a gradient known to be zero), which has no "
+                           "memory for a graph to write");
     }
     // An nn.Parameter (a module's weight returned as it is) comes back as that Parameter.
     py::object param;

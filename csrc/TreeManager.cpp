@@ -2,7 +2,6 @@
 
 #include "AutocastState.h"
 #include "CopiedInputs.h"
-#include "DrawnGenerators.h"
 #include "FailureInjection.h"
 #include "InputMutationCheck.h"
 #include "Logging.h"
@@ -16,7 +15,6 @@
 #include <optional>
 
 namespace graphtrees {
-
 namespace {
 
 const char* kindName(RunKind k) {
@@ -426,9 +424,7 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PlaceholderViewCheck views(ins, rec->inputs, rec->copied, rec->dense);
-    rec->graph = backend_->capture(
-        run, rec->inputs, &rec->outputs,
-        captureSpec(fn, DrawnGenerators::alive(stateOf(fn).drawn_generators)));
+    rec->graph = backend_->capture(run, rec->inputs, &rec->outputs, captureSpec(fn, stateOf(fn)));
     if (!views.refusal().empty()) throw CaptureRejected(views.refusal());
     // The placeholders ran: those that can be are written back (Note in CopiedInputs.h).
     mutated = CopiedInputs::firstNotWrittenBack(*mutations, ins, rec->copied, &mutating_op,

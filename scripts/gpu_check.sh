@@ -22,7 +22,8 @@
 #   part 1: build 110 | CUDA backend on 20 | experiments G 75 | priority tests 45 | CUDA tests:
 #           behaviour 60, hardening 45, backend 40, ops and memory 35 | benchmarks 40
 #   part 2: build 110 (ninja reuses part 1's objects on a warm machine) | CUDA backend on 20 |
-#           compile and models 100 | piecewise 70 | expandable segments 60 | experiments E 120
+#           compile and models 100 | piecewise 70 | expandable segments 60 | experiments E 120 |
+#           CUDA tests: fidelity and OpInfo 50 (the last, cut to what is left)
 #
 # Without a GPU (or with GPU_CHECK_REHEARSAL=1) it rehearses: the CUDA stages are reported as
 # skipped and everything else (build, summary, result files, the experiments' and benchmarks'
@@ -159,6 +160,9 @@ if [[ $HAVE_GPU == 1 ]]; then
       "${PYTEST[@]}" -x -m needs_cuda tests/test_seed_story.py tests/test_tree_behaviour.py
     stage "experiments E" 120 "$OUT/experiments.log" $PY scripts/gpu_experiments.py --budget 115 \
       E1 E2 E3 E4 E5 E6 E7 E8 E9 E10 E11 E12 G6 G10
+    # Issue 28's classes of wrong results and the OpInfo selection, with values compared.
+    stage "CUDA tests: fidelity and OpInfo" 50 "$OUT/tests.log" "${PYTEST[@]}" --durations=10 \
+      -m needs_cuda tests/test_fidelity.py tests/test_pytree.py tests/test_opinfo.py
   fi
 else
   skip "CUDA backend on" "no GPU"

@@ -21,7 +21,9 @@ def checkout_files(root):
     try:
         out = subprocess.run(
             ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-            cwd=root, capture_output=True, check=True,
+            cwd=root,
+            capture_output=True,
+            check=True,
         ).stdout.decode()
         return [f for f in out.split("\0") if f and (root / f).is_file()]
     except (OSError, subprocess.CalledProcessError):

@@ -33,12 +33,7 @@ def _calls(g, make_args, n=4):
         lambda z: (z * 2).conj(),
         lambda z: z.conj().imag,
         lambda z: (z + 1).mH,
-        pytest.param(
-            lambda z: torch._neg_view(z * 3),
-            marks=pytest.mark.needs_kernels(
-                "resolving a complex negative view runs a kernel torch compiles with NVRTC"
-            ),
-        ),
+        lambda z: torch._neg_view(z * 3),  # resolved by a kernel torch compiles with NVRTC
         pytest.param(
             lambda z: torch.fft.ifft(z.real),
             marks=pytest.mark.needs_kernels("cuFFT, which the stand-in does not model"),
@@ -72,6 +67,44 @@ def test_a_quantized_result_runs_eagerly_with_the_reason():
     for _ in range(3):
         assert torch.equal(h(q), q.dequantize() + 1)
     assert info("cpu")["num_recordings"] == 0
+
+
+def test_an_efficient_zero_tensor_runs_eagerly_with_the_reason(device):
+    # Autograd's ZeroTensor has no memory: rebuilt as a result it pointed at nothing (the CPU
+    # proof read it and the process crashed; found by the OpInfo training sweep, sgn's backward).
+    def f(x):
+        return torch._efficientzerotensor(x.shape, device=x.device), x + 1
+
+    g = cudagraphify(f)
+    for _ in range(3):
+        x = torch.randn(4, device=device)
+        zeros, plus = g(x)
+        assert zeros._is_zerotensor() and zeros.shape == x.shape
+        assert_close(plus, x + 1)
+    (sig,) = g.signatures()
+    assert "efficient zero tensor" in sig["eager_reason"]
+    h = cudagraphify(lambda z, x: z + x)
+    z = torch._efficientzerotensor(4, device=device)
+    for _ in range(3):
+        x = torch.randn(4, device=device)
+        assert_close(h(z, x), x)
+    assert info(device)["num_recordings"] == 0
+
+
+def test_training_through_a_backward_that_returns_an_efficient_zero_tensor():
+    # sgn's backward returns a ZeroTensor for a real input: that backward runs eagerly, the
+    # forward is recorded, and the gradients are eager's.
+    import graphtrees
+
+    f = graphtrees.compile(torch.sgn, inner="aot_eager")
+    with torch.enable_grad():
+        for _ in range(4):
+            x = torch.randn(8, requires_grad=True)
+            (f(x) * x).sum().backward()
+            y = x.detach().clone().requires_grad_()
+            (torch.sgn(y) * y).sum().backward()
+            assert torch.equal(x.grad, y.grad)
+    assert info("cpu")["num_replays"] == 2  # the forward's
 
 
 def test_arguments_with_equal_hashes_are_different_signatures(device):
@@ -254,6 +287,25 @@ def test_self_attention_records_its_own_path_and_replays_the_program():
     for _ in range(4):
         x = torch.randn(2, 5, 16)
         assert_close(g(x), mha(x, x, x, need_weights=False)[0])
+    assert cpu_replays("cpu") == ["program"]
+
+
+@pytest.mark.parametrize("what", ["linear on a transposed input", "attention, training mode"])
+def test_parameters_that_require_grad_keep_the_program_replay(what):
+    # matmul folds a 3-d input into one mm when the other operand requires grad; a program
+    # replayed the composite op below autograd, where a parameter's view does not, so it
+    # allocated otherwise and fell back to the Python replay (Note [Composite ops are recorded
+    # decomposed]).
+    if what.startswith("linear"):
+        lin = torch.nn.Linear(16, 48)
+        fn = lambda x: lin(x.transpose(0, 1))  # noqa: E731
+    else:
+        mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).train()  # dropout 0
+        fn = lambda x: mha(x, x, x, need_weights=False)[0]  # noqa: E731
+    g = cudagraphify(fn)
+    for _ in range(4):
+        x = torch.randn(2, 5, 16)
+        assert_close(g(x), fn(x))
     assert cpu_replays("cpu") == ["program"]
 
 

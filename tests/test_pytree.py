@@ -74,3 +74,18 @@ def test_unregistered_result_type_runs_eagerly_and_says_how_to_graph_it(device):
         assert isinstance(g(torch.ones(2, device=device)), Opaque)
     (sig,) = g.signatures()
     assert "registered with torch.utils._pytree" in sig["eager_reason"]
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: float("nan"), lambda: complex(float("nan"), 1.0), lambda: -0.0]
+)
+def test_a_python_result_equal_to_itself_bit_for_bit_is_the_same_result(device, make):
+    # Non-tensor results are compared bit for bit between calls: a complex NaN (an .item() of a
+    # complex tensor, found by the OpInfo sweep on CUDA) was "a value that changed" and raised.
+    g = cudagraphify(lambda x: (x * 2, make()))  # a new Python object on every call
+    for _ in range(4):
+        x = torch.randn(3, device=device)
+        out, got = g(x)
+        assert_close(out, x * 2)
+        assert repr(got) == repr(make())
+    assert info(device)["num_replays"] == 2

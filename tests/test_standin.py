@@ -277,6 +277,23 @@ def test_cublas_gemms_are_kernels_on_the_handles_stream():
     torch._C._cuda_clearCublasWorkspaces()
 
 
+def test_kernels_torch_compiles_with_nvrtc_are_recorded_like_any_other():
+    # The jiterator (complex abs, special functions) and a complex negative view's resolution
+    # compile with NVRTC: the real one crashed the process here (Note [Stand-in NVRTC]).
+    z = torch.zeros(16, dtype=torch.complex64, device="cuda")
+    before = STANDIN.stats()["kernel_launches"]
+    assert torch.abs(z).dtype == torch.float32
+    assert torch.special.i0(torch.zeros(4, device="cuda")).shape == (4,)
+    assert not torch._neg_view(z).resolve_neg().is_neg()
+    assert STANDIN.stats()["kernel_launches"] >= before + 3
+    g = torch.cuda.CUDAGraph()
+    out = torch.empty(16, device="cuda")
+    with torch.cuda.graph(g):
+        torch.abs(z, out=out)
+    g.replay()
+    assert STANDIN.stats()["kernel_nodes"] > 0
+
+
 def test_unmodelled_calls_fail_naming_themselves():
     lib = cudart()
     handle = ctypes.c_uint64()

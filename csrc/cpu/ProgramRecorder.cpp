@@ -95,9 +95,26 @@ void ProgramRecorder::fail(std::string why) {
   if (failure_.empty()) failure_ = std::move(why);
 }
 
+namespace {
+// Note [Composite ops are recorded decomposed]
+// A program replays its steps below autograd (OpProgram::run). An op with no CPU kernel of its
+// own runs its CompositeImplicitAutograd kernel there, which decides again what to call, and some
+// decisions read autograd state: matmul folds a 3-d input into one mm when the other operand
+// requires grad, and below autograd a view of a parameter does not (so F.linear on a
+// non-contiguous input allocated differently on replay, and the program was not proved); SDPA
+// picks its kernel likewise. So such an op is not a step: the ops its kernel called are, as a
+// CUDA graph records the kernels they launched.
+bool decomposedOnReplay(const c10::OperatorName& name) {
+  const auto handle = c10::Dispatcher::singleton().findOp(name);
+  return handle && !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+         handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+}
+}  // namespace
+
 void ProgramRecorder::start(const at::RecordFunction& fn) {
   const auto name = fn.operator_name();
   if (!name) return;
+  if (depth_ == 0 && decomposedOnReplay(*name)) return;  // end() skips it too
   const bool top = depth_++ == 0;
   if (!failure_.empty()) return;
   // RecordFunction swallows what a callback throws: an error here must fail the recording.
@@ -153,7 +170,10 @@ void ProgramRecorder::recordStep(const at::RecordFunction& fn, const c10::Operat
 }
 
 void ProgramRecorder::end(const at::RecordFunction& fn) {
-  if (!fn.operator_name()) return;
+  const auto name = fn.operator_name();
+  if (!name) return;
+  // Its start() saw depth 0 too: the ops it called ended before it, at the depth it left.
+  if (depth_ == 0 && decomposedOnReplay(*name)) return;
   if (--depth_ > 0 || !failure_.empty() || program_->steps_.empty()) return;
   try {
     recordResults(fn);

@@ -26,10 +26,12 @@ class CpuPool;
 // Note [Recording an op program]
 // A thread-local RecordFunction observer sees every op the thread dispatches. Only top-level ops
 // become steps: an op called from inside another op's kernel is that op's business (a depth
-// count over dispatcher ops). Tensors are told apart by their TensorImpl: the recorder keeps a
-// weak reference to each one it has seen, which keeps the identity (no other tensor can take the
-// address) without keeping the tensor, or its memory, alive -- a strong one would change the
-// allocation pattern being recorded. A tensor the recorder has not seen is
+// count over dispatcher ops) -- except that a composite op's calls are the steps (Note
+// [Composite ops are recorded decomposed] in ProgramRecorder.cpp). Tensors are told apart by
+// their TensorImpl: the recorder keeps a weak reference to each one it has seen, which keeps the
+// identity (no other tensor can take the address) without keeping the tensor, or its memory,
+// alive -- a strong one would change the allocation pattern being recorded. A tensor the
+// recorder has not seen is
 //   - a wrapped number (a Python number passed to an op): a constant;
 //   - memory outside the pool: a tensor from outside the function, held by the program;
 //   - memory in the pool: a tensor made while the function ran but not by an op (Tensor.data, a

@@ -48,6 +48,7 @@ LIBRARIES = [
     "libcublasLt.so.13",
     "libcublas.so.13",
     "libnvidia-ml.so.1",
+    "libnvrtc.so.13",
 ]
 
 
@@ -84,7 +85,7 @@ def why_not_buildable():
 
 def _stamp(inc, cxx):
     h = hashlib.sha256()
-    for name in sorted(RUNTIME_SOURCES + HEADERS + ["cublas.cpp", "nvml.cpp"]):
+    for name in sorted(RUNTIME_SOURCES + HEADERS + ["cublas.cpp", "nvml.cpp", "nvrtc.cpp"]):
         with open(os.path.join(HERE, name), "rb") as f:
             h.update(name.encode() + b"\0" + f.read())
     h.update(" ".join(FLAGS + [inc, cxx]).encode())
@@ -185,6 +186,15 @@ def build(out=DEFAULT_OUT, verbose=True):
             "-Wl,-soname,libnvidia-ml.so.1",
         ]
     )
+    cc(
+        [
+            os.path.join(HERE, "nvrtc.cpp"),
+            "-o",
+            os.path.join(out, "libnvrtc.so.13"),
+            "-Wl,-soname,libnvrtc.so.13",
+            "-Wl,--version-script=" + _version_script(out, "libnvrtc.so.13", ["nvrtc*"]),
+        ]
+    )
     with open(stamp_file, "w") as f:
         f.write(stamp)
     return out
@@ -208,6 +218,8 @@ def environment(out=DEFAULT_OUT, base=None):
         LD_LIBRARY_PATH=":".join(paths),
         TRITON_LIBCUDA_PATH=out,
         TRITON_CACHE_DIR=os.path.join(out, "triton-cache"),
+        # The images the stand-in's NVRTC makes stay beside it, out of torch's kernel cache.
+        PYTORCH_KERNEL_CACHE_PATH=os.path.join(out, "kernel-cache"),
         CUDA_STANDIN="1",
     )
     return base
