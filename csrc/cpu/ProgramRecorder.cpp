@@ -39,10 +39,12 @@ bool isWork(const c10::IValue& v) {
   return name && name->qualifiedName() == "__torch__.torch.classes.c10d.Work";
 }
 
+// An undefined tensor is not one: a composite kernel passes its `Tensor?` argument on as an
+// undefined tensor where Python passed None (aten::conv2d's bias to aten::convolution).
 bool containsTensor(const c10::IValue& v) {
   bool found = false;
   v.visit([&](const c10::IValue& e) {
-    found = found || e.isTensor();
+    found = found || (e.isTensor() && e.toTensor().defined());
     return found;
   });
   return found;
@@ -236,14 +238,20 @@ OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value) {
   }
   if (value.isTensorList()) {
     a.kind = Kind::kSlotList;
-    for (const at::Tensor& t : value.toTensorVector()) a.slots.push_back(slotOf(t));
+    for (const at::Tensor& t : value.toTensorVector()) {
+      if (!t.defined()) {
+        fail("one of its arguments is a list of tensors holding an undefined tensor");
+        return a;
+      }
+      a.slots.push_back(slotOf(t));
+    }
     return a;
   }
   if (value.isList() && containsTensor(value)) {
     // Tensor?[] (the indices of aten::index): tensors and Nones.
     a.kind = Kind::kOptionalSlotList;
     for (const c10::IValue& e : value.toListRef()) {
-      if (e.isNone()) {
+      if (e.isNone() || (e.isTensor() && !e.toTensor().defined())) {
         a.slots.push_back(-1);
       } else if (e.isTensor()) {
         a.slots.push_back(slotOf(e.toTensor()));
@@ -255,6 +263,10 @@ OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value) {
   }
   if (containsTensor(value)) {
     fail("one of its arguments holds tensors in a structure a program cannot rebuild");
+    return a;
+  }
+  if (value.isTensor()) {  // undefined: Python passed None, and is shown and compared as None
+    a.constant = value;
     return a;
   }
   if (value.isGenerator()) noteGenerator(value.toGenerator());
