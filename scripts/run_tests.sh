@@ -63,7 +63,7 @@ standin_start() {
   (
     t=$(date +%s)
     rc=0
-    env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest tests -q -p no:cacheprovider \
+    env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest tests -q -p no:cacheprovider --durations=12 \
       -m needs_cuda < /dev/null || rc=$?
     stamp "tests on the CUDA stand-in ($label)" "$t"
     exit $rc
@@ -92,7 +92,7 @@ standin_build
 standin_start "$PY" "torch 2.14.1"
 t=$(date +%s)
 cpu_rc=0
-"$PY" -m pytest tests -q -p no:cacheprovider || cpu_rc=$?
+"$PY" -m pytest tests -q -p no:cacheprovider --durations=12 || cpu_rc=$?
 stamp "tests (torch 2.14.1)" "$t"
 standin_wait
 [[ $cpu_rc == 0 ]] || exit $cpu_rc
@@ -132,7 +132,7 @@ cpu_rc=0
 # The wheel built here must refuse torch 2.14.1 (test_wheel.py): its site-packages.
 OTHER_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 GRAPHTREES_OTHER_TORCH_SITE=$OTHER_SITE PYTHON="$VENV/bin/python" \
-  "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" -q \
+  "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" -q --durations=12 \
   -p no:cacheprovider || cpu_rc=$?
 stamp "tests (torch 2.11.0)" "$t"
 standin_wait
