@@ -19,6 +19,7 @@ PY=${PYTHON:-python}
 DEPS=(ninja "setuptools>=70" pytest hypothesis numpy expecttest transformers diffusers==0.42.1 clang-format==23.1.5 ruff==0.17.6)
 t_all=$(date +%s)
 stamp() { echo "[run_tests] $1: $(( $(date +%s) - $2 )) s"; }
+PYTEST_OPTS=(-q -p no:cacheprovider --durations=12)  # each stage prints its slowest tests
 
 # Installing into a system or global interpreter changes it for everything else on the machine.
 if ! "$PY" -c 'import sys; sys.exit(0 if sys.prefix != sys.base_prefix else 1)' \
@@ -63,7 +64,7 @@ standin_start() {
   (
     t=$(date +%s)
     rc=0
-    env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest tests -q -p no:cacheprovider --durations=12 \
+    env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest tests "${PYTEST_OPTS[@]}" \
       -m needs_cuda < /dev/null || rc=$?
     stamp "tests on the CUDA stand-in ($label)" "$t"
     exit $rc
@@ -92,7 +93,7 @@ standin_build
 standin_start "$PY" "torch 2.14.1"
 t=$(date +%s)
 cpu_rc=0
-"$PY" -m pytest tests -q -p no:cacheprovider --durations=12 || cpu_rc=$?
+"$PY" -m pytest tests "${PYTEST_OPTS[@]}" || cpu_rc=$?
 stamp "tests (torch 2.14.1)" "$t"
 standin_wait
 [[ $cpu_rc == 0 ]] || exit $cpu_rc
@@ -132,8 +133,7 @@ cpu_rc=0
 # The wheel built here must refuse torch 2.14.1 (test_wheel.py): its site-packages.
 OTHER_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 GRAPHTREES_OTHER_TORCH_SITE=$OTHER_SITE PYTHON="$VENV/bin/python" \
-  "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" -q --durations=12 \
-  -p no:cacheprovider || cpu_rc=$?
+  "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" "${PYTEST_OPTS[@]}" || cpu_rc=$?
 stamp "tests (torch 2.11.0)" "$t"
 standin_wait
 [[ $cpu_rc == 0 ]] || exit $cpu_rc

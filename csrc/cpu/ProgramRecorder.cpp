@@ -216,7 +216,11 @@ void ProgramRecorder::recordResults(const at::RecordFunction& fn) {
 OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value) {
   using Kind = OpProgram::Arg::Kind;
   OpProgram::Arg a;
-  if (value.isTensor() && value.toTensor().defined()) {
+  if (value.isTensor() && !value.toTensor().defined()) {
+    a.constant = value;  // where Python passed None (see containsTensor): shown, compared as None
+    return a;
+  }
+  if (value.isTensor()) {
     const at::Tensor& t = value.toTensor();
     if (t.unsafeGetTensorImpl()->is_wrapped_number() && !slots_.count(t.unsafeGetTensorImpl())) {
       const auto scalar = wrappedValue(t);
@@ -263,10 +267,6 @@ OpProgram::Arg ProgramRecorder::argument(const c10::IValue& value) {
   }
   if (containsTensor(value)) {
     fail("one of its arguments holds tensors in a structure a program cannot rebuild");
-    return a;
-  }
-  if (value.isTensor()) {  // undefined: Python passed None, and is shown and compared as None
-    a.constant = value;
     return a;
   }
   if (value.isGenerator()) noteGenerator(value.toGenerator());
