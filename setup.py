@@ -4,13 +4,32 @@ Environment switches (read once, printed at build time):
   USE_CUDA=0        build the CPU-only extension even with a CUDA build of torch
   FORCE_CUDA=1      build the CUDA backend even if torch or nvcc look CUDA-less
   DEBUG=1           -O0 -g
+  GRAPHTREES_EXTRA_CFLAGS="..."   more compile and link flags (e.g. "-g", or
+                    "-fsanitize=address,undefined"); each set of flags builds in its own folder
   MAX_JOBS=N        parallel compile jobs (ninja)
+
+Note [The process's C++ runtime]
+The extension must use the C++ standard library the process has loaded (torch's libstdc++.so.6),
+never a copy of its own: a compiler that links libstdc++ statically (a GCC installed under /opt,
+a conda or cluster-module toolchain) gives _C.so a private copy of the locale and stream code, and
+in a process whose libstdc++.so.6 is another version, its facet numbering disagrees with the
+process's and the first number it formats reads a wrong facet (the first GPU run's crash,
+../shared/reference/gpu-run-2026-12-04.md). So the link line names the runtime that a torch
+process loads (found in /proc/self/maps after `import torch`) explicitly: symbols bind to it
+before any static archive the compiler adds. After linking, the build fails with the reason if
+_C.so still defines locale or stream code itself (nm -D --defined-only), and
+graphtrees/_ext.py checks the same at import, without formatting anything.
 """
 
 import glob
+import hashlib
+import importlib.util
 import os
 import re
+import shlex
 import shutil
+import sys
+import sysconfig
 
 from setuptools import find_packages, setup
 
@@ -44,21 +63,53 @@ from torch.utils.cpp_extension import (  # noqa: E402
 ROOT = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(ROOT, "graphtrees", "_version.py")) as f:
     VERSION = re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
-# The torch this build compiles against, written into the package: graphtrees._ext refuses to load
-# the extension under another torch (its C++ ABI and headers are that torch's), and a wheel's
-# metadata pins it (install_requires below).
-BUILT_WITH = os.path.join(ROOT, "graphtrees", "_built_with.py")
-_built_with = (
-    '"""Written by setup.py: the torch graphtrees._C was compiled against."""\n\n'
-    f"TORCH = {torch.__version__!r}\n"
-)
-if not os.path.exists(BUILT_WITH) or open(BUILT_WITH).read() != _built_with:
-    with open(BUILT_WITH, "w") as f:
-        f.write(_built_with)
 TORCH_PIN = torch.__version__.split("+")[0]
 USE_CUDA = os.environ.get("USE_CUDA", "1") != "0"
 FORCE_CUDA = os.environ.get("FORCE_CUDA", "0") == "1"
 DEBUG = os.environ.get("DEBUG", "0") == "1"
+EXTRA_CFLAGS = shlex.split(os.environ.get("GRAPHTREES_EXTRA_CFLAGS", ""))
+
+
+# Note [The process's C++ runtime]: the runtime, the compiler and the checks of the built
+# extension live in graphtrees/_toolchain.py (plain Python: loaded here by path, before the
+# package can be imported; the tests and graphtrees.info use the same functions).
+_spec = importlib.util.spec_from_file_location(
+    "graphtrees_toolchain", os.path.join(ROOT, "graphtrees", "_toolchain.py")
+)
+toolchain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(toolchain)
+CXX_RUNTIME = toolchain.process_cxx_runtime()
+# The compile driver (torch's: $CXX or c++) and the link driver (setuptools': $CXX or Python's).
+COMPILER = "{} ({})".format(*toolchain.resolve_program(os.environ.get("CXX", "c++")))
+LINKER = "{} ({})".format(
+    *toolchain.resolve_program(
+        (os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++").split()[0]
+    )
+)
+
+# Written into the package (the source tree, so that `pip install -e .` and a wheel's build_py
+# both see it; and beside the extension when that is built elsewhere): the torch the extension
+# is compiled against, refused by graphtrees._ext under another torch (its C++ ABI and headers
+# are that torch's; a wheel's metadata pins it too: install_requires below), and the compiler and
+# runtime it is built with, named when graphtrees._ext refuses a build.
+BUILT_WITH = os.path.join(ROOT, "graphtrees", "_built_with.py")
+
+
+def write_built_with(path):
+    text = (
+        '"""Written by setup.py: the torch graphtrees._C was compiled against, and the compiler '
+        'and\nC++ runtime it was built with."""\n\n'
+        f"TORCH = {torch.__version__!r}\n"
+        f"COMPILER = {COMPILER!r}\n"
+        f"LINKER = {LINKER!r}\n"
+        f"CXX_RUNTIME = {CXX_RUNTIME!r}\n"
+    )
+    if not os.path.exists(path) or open(path).read() != text:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+write_built_with(BUILT_WITH)
 
 
 class IncrementalBuildExtension(BuildExtension):
@@ -68,13 +119,72 @@ class IncrementalBuildExtension(BuildExtension):
 
     def finalize_options(self):
         super().finalize_options()
-        import sys
-
+        flavour = ""
+        if EXTRA_CFLAGS:  # another set of flags builds apart (objects of both are kept)
+            flavour = "-" + hashlib.sha256(" ".join(EXTRA_CFLAGS).encode()).hexdigest()[:8]
         self.build_temp = os.environ.get("GRAPHTREES_BUILD_TEMP") or os.path.join(
             ROOT,
             "build",
-            f"temp-torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}",
+            f"temp-torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}{flavour}",
         )
+
+    def build_extensions(self):
+        # Two builds of one folder at once (a test building a wheel while another relinks)
+        # would run two ninjas over the same objects: the second waits for the first.
+        import fcntl
+
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(os.path.join(self.build_temp, ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            super().build_extensions()
+
+    def build_extension(self, ext):
+        # Note [The process's C++ runtime]: say which compilers and which runtime, link, check.
+        print(
+            f"graphtrees build: compiler {COMPILER}, link driver {LINKER}, C++ runtime "
+            f"{CXX_RUNTIME or 'the compiler default (no libstdc++.so.6 loaded by torch)'}",
+            flush=True,
+        )
+        try:
+            super().build_extension(ext)
+        except Exception:
+            print(
+                "graphtrees build: the build failed (above). If the link names undefined "
+                f"GLIBCXX_/CXXABI_ symbols, the compiler {COMPILER} is newer than the C++ "
+                f"runtime this process loads ({CXX_RUNTIME}): build with a compiler no newer "
+                "than that runtime (e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc), or run with a "
+                "newer libstdc++.so.6.",
+                flush=True,
+            )
+            raise
+        so_path = self.get_ext_fullpath(ext.name)
+        private = toolchain.private_runtime_symbols(so_path)
+        if private:
+            os.remove(so_path)  # never leave a build that crashes at its first formatted number
+            raise RuntimeError(
+                f"graphtrees build: {os.path.basename(so_path)} defines {len(private)} symbols of "
+                f"the C++ standard library's locale/stream code itself (e.g. {private[0]}): "
+                f"the link driver {LINKER} linked a private copy of "
+                "libstdc++, which crashes inside a torch process (Note [The process's C++ "
+                "runtime] in setup.py). Build with a compiler that links libstdc++.so.6 "
+                "dynamically (e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc)."
+            )
+        needed = [
+            n for n in toolchain.needed_libraries(so_path) if n.startswith(("libstdc++", "libc++"))
+        ]
+        print(
+            f"graphtrees build: {os.path.basename(so_path)} uses the C++ runtime "
+            f"{', '.join(needed) or 'of the process (no NEEDED entry: none referenced)'} "
+            "dynamically; "
+            + (
+                "nm not found, so its own locale/stream symbols were not checked"
+                if private is None
+                else "it defines no locale/stream code of its own"
+            ),
+            flush=True,
+        )
+        if os.path.dirname(os.path.abspath(so_path)) != os.path.dirname(BUILT_WITH):
+            write_built_with(os.path.join(os.path.dirname(so_path), "_built_with.py"))
 
 
 def get_extensions():
@@ -85,7 +195,9 @@ def get_extensions():
         USE_CUDA and torch.version.cuda is not None and CUDA_HOME is not None
     )
     cxx = ["-O0", "-g"] if DEBUG else ["-O2"]
-    cxx += ["-fvisibility=hidden"]
+    cxx += ["-fvisibility=hidden"] + EXTRA_CFLAGS
+    # Note [The process's C++ runtime]: named explicitly, so that it wins over a static archive.
+    link = ([CXX_RUNTIME] if CXX_RUNTIME else []) + EXTRA_CFLAGS
     define_macros = []
     if with_cuda and cuda_sources:
         define_macros.append(("GRAPHTREES_WITH_CUDA", None))
@@ -94,6 +206,7 @@ def get_extensions():
         f"graphtrees build: torch {torch.__version__} (CUDA {torch.version.cuda}), "
         f"CUDA_HOME={CUDA_HOME}, extension={'CUDAExtension' if with_cuda else 'CppExtension'}, "
         f"CUDA backend={'yes' if with_cuda and cuda_sources else 'no'}, DEBUG={int(DEBUG)}"
+        + (f", extra flags: {' '.join(EXTRA_CFLAGS)}" if EXTRA_CFLAGS else "")
     )
     ext = CUDAExtension if with_cuda else CppExtension
     return [
@@ -103,6 +216,7 @@ def get_extensions():
             include_dirs=[os.path.join(ROOT, "csrc")],
             define_macros=define_macros,
             extra_compile_args={"cxx": cxx, "nvcc": ["-O2"]},
+            extra_link_args=link,
         )
     ]
 

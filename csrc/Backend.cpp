@@ -27,8 +27,8 @@ PoolRoutingGuard::~PoolRoutingGuard() {
   try {
     backend_.endAllocateToPool();
   } catch (const std::exception& e) {
-    logMessage(LogLevel::kWarning,
-               std::string("ending the pool routing after an error failed too: ") + e.what());
+    GRAPHTREES_LOG(LogLevel::kWarning,
+                   std::string("ending the pool routing after an error failed too: ") + e.what());
   }
 }
 

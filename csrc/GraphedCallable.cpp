@@ -174,7 +174,7 @@ py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwa
   if (tree) {
     tree->noteFallback(unsupported_, reason);
   } else if (logged_reasons_.insert(reason).second) {
-    logMessage(LogLevel::kWarning, "running '" + name_ + "' eagerly: " + reason);
+    GRAPHTREES_LOG(LogLevel::kWarning, "running '" + name_ + "' eagerly: " + reason);
   }
   return fn_(*args, **kwargs);
 }
@@ -444,10 +444,11 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     // (a TypeError for a wrong argument, say) is not a signature the function runs with.
     const int64_t warn_at = kSignatureWarnLimit + static_cast<int64_t>(options_.buckets.size());
     if (options_.max_recorded_shapes == 0 && ++signatures_ran_ == warn_at + 1) {
-      logMessage(LogLevel::kWarning,
-                 "'" + name_ + "' has been called with more than " + std::to_string(warn_at) +
-                     " distinct signatures (shapes, dtypes or non-tensor argument values); each "
-                     "one is warmed up and recorded separately and keeps its own pool memory");
+      GRAPHTREES_LOG(
+          LogLevel::kWarning,
+          "'" + name_ + "' has been called with more than " + std::to_string(warn_at) +
+              " distinct signatures (shapes, dtypes or non-tensor argument values); each "
+              "one is warmed up and recorded separately and keeps its own pool memory");
     }
   }
   py::object out = (r.kind == RunKind::kEager || r.kind == RunKind::kWarmup)

@@ -187,8 +187,9 @@ void LiveOutputs::invalidate(const LiveOutput& e, c10::StorageImpl& storage,
   if (e.copy_on_overwrite && e.nbytes > 0) {
     // on_overwrite="copy", or a gradient that may sit in .grad: keep its value.
     migrate(e, storage);
-    logMessage(LogLevel::kDebug, "copied a live output of '" + e.producer + "' (" +
-                                     std::to_string(e.nbytes) + " bytes) out of the pool: " + why);
+    GRAPHTREES_LOG(LogLevel::kDebug, "copied a live output of '" + e.producer + "' (" +
+                                         std::to_string(e.nbytes) +
+                                         " bytes) out of the pool: " + why);
     return;
   }
   if (disown(storage)) backend_.freeBlock(reinterpret_cast<void*>(e.ptr));

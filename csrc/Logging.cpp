@@ -15,6 +15,7 @@ LogSink& sink() {
   return *s;
 }
 std::atomic<int> g_threshold{0};
+std::atomic<int64_t> g_built{0};
 }  // namespace
 
 void setLogThreshold(int level) {
@@ -30,8 +31,13 @@ void setLogSink(LogSink s) {
   sink() = std::move(s);
 }
 
+int64_t messagesBuilt() {
+  return g_built.load(std::memory_order_relaxed);
+}
+
 void logMessage(LogLevel level, const std::string& message) {
-  if (!logEnabled(level)) return;
+  g_built.fetch_add(1, std::memory_order_relaxed);
+  if (!logEnabled(level)) return;  // the threshold rose while the message was built
   LogSink s;
   {
     std::lock_guard<std::mutex> lock(sinkMutex());

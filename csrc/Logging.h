@@ -5,7 +5,17 @@
 // by Python whenever a logger's level changes (logging's cache clearing), so a message below it
 // costs one load and no Python: a compiled replay path ends at every call, and its DEBUG line
 // must not cost a call into Python (found by the CUDA stand-in's benchmark).
+//
+// Note [No formatting nobody reads]
+// Every message is logged through GRAPHTREES_LOG, which builds its text only when the threshold
+// lets it through: a recording or a replay formats nothing while the logger is quiet (the
+// default). Formatting on every recording is what crashed the first GPU run: an extension that
+// carried a private copy of libstdc++'s locale code read a wrong facet at the first number
+// formatted after a capture (../shared/reference/gpu-run-2026-12-04.md). That is fixed where it
+// came from (the build and the import check, setup.py and graphtrees/_ext.py); this keeps text
+// nobody reads off the hot path. messagesBuilt() counts the messages built, for the tests.
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -20,6 +30,16 @@ void setLogSink(LogSink sink);
 void setLogThreshold(int level);
 // Whether a message at `level` would be emitted: build it only then.
 bool logEnabled(LogLevel level);
+// Emits `message` (already built): call it through GRAPHTREES_LOG, never directly.
 void logMessage(LogLevel level, const std::string& message);
+// How many messages GRAPHTREES_LOG has built since the process started.
+int64_t messagesBuilt();
+
+#define GRAPHTREES_LOG(level, message)              \
+  do {                                              \
+    if (::graphtrees::logEnabled(level)) {          \
+      ::graphtrees::logMessage((level), (message)); \
+    }                                               \
+  } while (0)
 
 }  // namespace graphtrees

@@ -61,13 +61,14 @@ std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
   if (pending_forwards_ > 0) {
     if (!fresh || callable.runs_in_generation < kMaxPendingRuns) return std::nullopt;
     if (warned_.insert("pending\n" + fn.name).second) {
-      logMessage(LogLevel::kWarning,
-                 "'" + fn.name + "' ran " + std::to_string(callable.runs_in_generation) +
-                     " times in one step while a forward's backward was pending; starting a new "
-                     "step anyway, which frees the pending forwards' activations. Call "
-                     "backward() before running forwards that many times, run evaluation under "
-                     "torch.no_grad(), or call graphtrees.mark_step_begin() at the start of each "
-                     "step.");
+      GRAPHTREES_LOG(
+          LogLevel::kWarning,
+          "'" + fn.name + "' ran " + std::to_string(callable.runs_in_generation) +
+              " times in one step while a forward's backward was pending; starting a new "
+              "step anyway, which frees the pending forwards' activations. Call "
+              "backward() before running forwards that many times, run evaluation under "
+              "torch.no_grad(), or call graphtrees.mark_step_begin() at the start of each "
+              "step.");
     }
     return again;
   }
@@ -75,15 +76,16 @@ std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
   const int limit = fn.options->chain_limit;
   if (callable.runs_in_generation < limit) return std::nullopt;
   if (warned_.insert("chain\n" + fn.name).second) {
-    logMessage(LogLevel::kInfo,
-               "'" + fn.name + "' consumed its own outputs " +
-                   std::to_string(callable.runs_in_generation) +
-                   " times in one step, as a decode loop does; this is expected: from now on a new "
-                   "step starts every chain_limit=" +
-                   std::to_string(limit) +
-                   " such calls, which keeps the tree's depth and memory bounded and releases the "
-                   "older outputs of the chain (raise chain_limit to keep more, or use "
-                   "on_overwrite='copy' to keep them valid)");
+    GRAPHTREES_LOG(
+        LogLevel::kInfo,
+        "'" + fn.name + "' consumed its own outputs " +
+            std::to_string(callable.runs_in_generation) +
+            " times in one step, as a decode loop does; this is expected: from now on a new "
+            "step starts every chain_limit=" +
+            std::to_string(limit) +
+            " such calls, which keeps the tree's depth and memory bounded and releases the "
+            "older outputs of the chain (raise chain_limit to keep more, or use "
+            "on_overwrite='copy' to keep them valid)");
   }
   return again + " on an output of its own step more than chain_limit=" + std::to_string(limit) +
          " times (raise chain_limit, or keep the outputs with on_overwrite='copy' or .clone())";

@@ -130,10 +130,10 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
   live_.adopt(&restored, unprotected);
   counters_.num_checkpoints++;
   stale_ = false;
-  logMessage(LogLevel::kDebug,
-             "restored the pool to the checkpoint of node " + std::to_string(node->id()) + " ('" +
-                 node->functionName() +
-                 "'); checkpoints so far: " + std::to_string(counters_.num_checkpoints));
+  GRAPHTREES_LOG(LogLevel::kDebug,
+                 "restored the pool to the checkpoint of node " + std::to_string(node->id()) +
+                     " ('" + node->functionName() +
+                     "'); checkpoints so far: " + std::to_string(counters_.num_checkpoints));
 }
 
 int64_t PoolBookkeeping::releaseUnneededSegments(const TreeNode& root) {
@@ -194,10 +194,11 @@ void PoolBookkeeping::moveKeptStateOutOfPool(const std::string& function_name) {
   // What no Python tensor holds may be a collective's, about to be freed.
   if (!live_.unownedBlocks().empty()) waitForUnownedBlocks();
   if (moved > 0) {
-    logMessage(LogLevel::kInfo, "moved " + std::to_string(moved) + " tensor(s) (" +
-                                    bytesString(bytes) + ") that a warmup of '" + function_name +
-                                    "' created and kept without returning them (lazily created "
-                                    "state, such as a cache) out of graphtrees' pool");
+    GRAPHTREES_LOG(LogLevel::kInfo, "moved " + std::to_string(moved) + " tensor(s) (" +
+                                        bytesString(bytes) + ") that a warmup of '" +
+                                        function_name +
+                                        "' created and kept without returning them (lazily created "
+                                        "state, such as a cache) out of graphtrees' pool");
   }
 }
 

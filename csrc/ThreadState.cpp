@@ -158,7 +158,8 @@ CaptureScope::~CaptureScope() {
   try {
     exit_();
   } catch (const std::exception& e) {
-    logMessage(LogLevel::kWarning, std::string("leaving the capture scope failed: ") + e.what());
+    GRAPHTREES_LOG(LogLevel::kWarning,
+                   std::string("leaving the capture scope failed: ") + e.what());
   }
 }
 

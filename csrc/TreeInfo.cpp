@@ -1,22 +1,22 @@
 #include "TreeInfo.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 namespace graphtrees {
 
 std::string bytesString(int64_t n) {
-  std::ostringstream os;
+  // snprintf, not a stream: no locale is involved (Note [No formatting nobody reads]).
+  char buf[48];
   if (n >= (1 << 20)) {
-    os.precision(1);
-    os << std::fixed << static_cast<double>(n) / (1 << 20) << " MiB";
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(n) / (1 << 20));
   } else if (n >= 1024) {
-    os.precision(1);
-    os << std::fixed << static_cast<double>(n) / 1024 << " KiB";
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", static_cast<double>(n) / 1024);
   } else {
-    os << n << " B";
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(n));
   }
-  return os.str();
+  return buf;
 }
 
 void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& path,

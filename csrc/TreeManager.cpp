@@ -45,8 +45,8 @@ TreeManager::~TreeManager() {
   try {
     close();
   } catch (const std::exception& e) {
-    logMessage(LogLevel::kWarning,
-               std::string("freeing the tree of ") + backend_->device().str() + ": " + e.what());
+    GRAPHTREES_LOG(LogLevel::kWarning, std::string("freeing the tree of ") +
+                                           backend_->device().str() + ": " + e.what());
   }
 }
 
@@ -85,7 +85,7 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
       },
       [&] { return "a new step began: " + why; });
   if (current_ != nullptr || state_ != PathState::kNone) {
-    logMessage(LogLevel::kDebug, "path ended: " + why);
+    GRAPHTREES_LOG(LogLevel::kDebug, "path ended: " + why);
   }
   path_.clear();
   current_ = nullptr;
@@ -190,10 +190,10 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
                         "), last because " + mismatch;
       return runEager(fn, inputs, run, fn.eager_reason);
     }
-    logMessage(LogLevel::kInfo, "re-recording '" + fn.name + "' under " + whereOf(current_) +
-                                    " because " + mismatch + " (re-record " +
-                                    std::to_string(st.rerecords + 1) + " of at most " +
-                                    std::to_string(fn.options->rerecord_limit) + ")");
+    GRAPHTREES_LOG(LogLevel::kInfo, "re-recording '" + fn.name + "' under " + whereOf(current_) +
+                                        " because " + mismatch + " (re-record " +
+                                        std::to_string(st.rerecords + 1) + " of at most " +
+                                        std::to_string(fn.options->rerecord_limit) + ")");
   }
   CallResult result = record(fn, allocationInputs(fn, inputs), run, key);
   if (rerecord && result.kind == RunKind::kRecord) {  // counted once it succeeded
@@ -211,8 +211,8 @@ bool TreeManager::replaceStaleRecordings(TreeNode& parent, const FunctionRecord&
   for (TreeNode* n : stale) {
     const int64_t id = n->id();
     removeNode(n, "its static inputs were freed, so it could never replay again");
-    logMessage(LogLevel::kInfo, "replaced node " + std::to_string(id) + " ('" + fn.name +
-                                    "'): its static inputs were freed");
+    GRAPHTREES_LOG(LogLevel::kInfo, "replaced node " + std::to_string(id) + " ('" + fn.name +
+                                        "'): its static inputs were freed");
   }
   return !stale.empty();
 }
@@ -278,9 +278,9 @@ int64_t TreeManager::evictForMemory(const std::vector<at::Tensor>& inputs, std::
     counters_.num_evictions++;
     const int64_t released = bookkeeping_.releaseUnneededSegments(root_);
     freed += released;
-    logMessage(LogLevel::kInfo, "evicted " + what + " to stay within the memory budget of " +
-                                    backend_->device().str() + " (" + bytesString(budget_) + "); " +
-                                    bytesString(released) + " returned to the device");
+    GRAPHTREES_LOG(LogLevel::kInfo, "evicted " + what + " to stay within the memory budget of " +
+                                        backend_->device().str() + " (" + bytesString(budget_) +
+                                        "); " + bytesString(released) + " returned to the device");
     *evicted += (evicted->empty() ? "" : ", ") + what;
     if (need > 0 ? freed >= need : freed > 0) break;
   }
@@ -301,7 +301,8 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
     const std::string name = v->functionName();
     const int64_t id = v->id();
     removeNode(v, "its recording was evicted: " + why);
-    logMessage(LogLevel::kInfo, "evicted node " + std::to_string(id) + " ('" + name + "'): " + why);
+    GRAPHTREES_LOG(LogLevel::kInfo,
+                   "evicted node " + std::to_string(id) + " ('" + name + "'): " + why);
   }
   pinned_by_warmup_function_.erase(function_id);
   counters_.num_evictions++;
@@ -312,7 +313,7 @@ void TreeManager::noteFallback(FunctionRecord& fn, const std::string& reason) {
   counters_.num_fallbacks++;
   // Once per callable and reason (its signatures share the base name before '#').
   if (logged_.insert(fn.name.substr(0, fn.name.find('#')) + "\n" + reason).second) {
-    logMessage(LogLevel::kWarning, "running '" + fn.name + "' eagerly: " + reason);
+    GRAPHTREES_LOG(LogLevel::kWarning, "running '" + fn.name + "' eagerly: " + reason);
   }
 }
 
@@ -371,8 +372,8 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   counters_.num_warmups++;
   state_ = PathState::kWarmup;
   policy_.noteRun(fn);
-  logMessage(LogLevel::kDebug, "warmed up '" + fn.name + "' (" + std::to_string(warmups) + "/" +
-                                   std::to_string(fn.options->warmup_iters) + ")");
+  GRAPHTREES_LOG(LogLevel::kDebug, "warmed up '" + fn.name + "' (" + std::to_string(warmups) + "/" +
+                                       std::to_string(fn.options->warmup_iters) + ")");
   return {std::move(outs), RunKind::kWarmup};
 }
 
@@ -520,15 +521,15 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
   bookkeeping_.markExact();
   counters_.num_recordings++;
   policy_.noteRun(fn);
-  logMessage(LogLevel::kInfo,
-             "recorded node " + std::to_string(raw->id()) + " for '" + fn.name + "' under " +
-                 whereOf(raw->parent()) + " (" + std::to_string(raw->copiedInputs().size()) +
-                 " copied inputs, " +
-                 (raw->writtenBack().empty()
-                      ? std::string()
-                      : std::to_string(raw->writtenBack().size()) + " written back, ") +
-                 std::to_string(raw->slots().size()) + " output blocks, " +
-                 bytesString(raw->poolBytes()) + " written)");
+  GRAPHTREES_LOG(LogLevel::kInfo,
+                 "recorded node " + std::to_string(raw->id()) + " for '" + fn.name + "' under " +
+                     whereOf(raw->parent()) + " (" + std::to_string(raw->copiedInputs().size()) +
+                     " copied inputs, " +
+                     (raw->writtenBack().empty()
+                          ? std::string()
+                          : std::to_string(raw->writtenBack().size()) + " written back, ") +
+                     std::to_string(raw->slots().size()) + " output blocks, " +
+                     bytesString(raw->poolBytes()) + " written)");
   // The recording's mutations of copied inputs reach the caller now that no fallback can follow.
   for (size_t k : raw->writtenBack()) ins[raw->copiedInputs()[k]].copy_(raw->placeholders()[k]);
   // Outputs aliasing an input a restore invalidated alias its clone: Note [The inputs a run uses].

@@ -64,8 +64,8 @@ void sweepOrphans() {
       keep.push_back(std::move(tree));
       continue;
     }
-    logMessage(LogLevel::kDebug, "freeing the " + tree->device().str() + " tree of thread " +
-                                     std::to_string(tree->owner()) + ", which exited");
+    GRAPHTREES_LOG(LogLevel::kDebug, "freeing the " + tree->device().str() + " tree of thread " +
+                                         std::to_string(tree->owner()) + ", which exited");
     tree.reset();  // ~TreeManager closes it; teardown errors become warnings
   }
   if (keep.empty()) return;
@@ -143,9 +143,9 @@ std::shared_ptr<TreeManager> TreeRegistry::findOrCreate(int64_t owner, const Ste
     r.trees.emplace(key, tree);
   }
   // Logged outside the registry's lock: the log sink takes the GIL.
-  logMessage(LogLevel::kDebug, "created the " + device.str() + " tree of thread " +
-                                   std::to_string(owner) + " (backend " + tree->backendName() +
-                                   ")");
+  GRAPHTREES_LOG(LogLevel::kDebug, "created the " + device.str() + " tree of thread " +
+                                       std::to_string(owner) + " (backend " + tree->backendName() +
+                                       ")");
   sweepOrphans();
   return tree;
 }
@@ -212,10 +212,10 @@ void TreeRegistry::retire(const std::shared_ptr<TreeManager>& tree, const std::s
     r.retired_counts[key]++;
     r.leaked_bytes[key] += tree->leakedBytes();
   }
-  logMessage(LogLevel::kWarning,
-             "restoring the pool of the " + key + " tree failed (" + why +
-                 "); recording into a fresh pool from now on. The old tree's recordings and "
-                 "outputs stay valid until graphtrees.reset().");
+  GRAPHTREES_LOG(LogLevel::kWarning,
+                 "restoring the pool of the " + key + " tree failed (" + why +
+                     "); recording into a fresh pool from now on. The old tree's recordings and "
+                     "outputs stay valid until graphtrees.reset().");
 }
 
 void TreeRegistry::resetAll() {

@@ -310,6 +310,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_log_sink", &setLogSinkFromPython);
   m.def("_set_log_threshold", &setLogThreshold, py::arg("level"),
         "The lowest level the graphtrees logger emits (the Python layer keeps it current).");
+  m.def("_log_messages_built", &messagesBuilt,
+        "How many log messages the C++ core has built (only those the logger would emit).");
   m.def("_set_collect_garbage_hook", &setCollectGarbageHookFromPython);
   m.def("_set_capture_scope_hook", &setCaptureScopeHookFromPython);
   m.def("_set_find_storages_hook", &setFindStoragesHookFromPython);

@@ -1002,3 +1002,31 @@ def test_an_output_that_is_its_managed_input_keeps_the_producers_output_valid(de
         assert_close(h, x * 2)  # readable: not overwritten by g2's replay
         assert_close(plus, x * 2 + 1)
     assert info(device)["num_replays"] >= 4
+
+
+def test_a_quiet_logger_costs_no_message_text(device, caplog):
+    # Note [No formatting nobody reads]: warmups, the recording, replays, a re-recording and a
+    # branch switch build no message while the graphtrees logger emits nothing below WARNING;
+    # at DEBUG the same calls build and emit them.
+    ext = graphtrees._ext.get_ext()
+
+    def run(tag):
+        f = cudagraphify(lambda x: x * 2 + 1, name=f"quiet_{tag}")
+        h = cudagraphify(lambda x: x - 1, name=f"other_{tag}")
+        x = torch.ones(4, device=device)
+        for step in range(4):
+            mark_step_begin()
+            y = f(x)
+            if step % 2:  # g1 -> g2 on odd steps, g1 alone on even: a branch to restore
+                h(y)
+
+    caplog.set_level(logging.WARNING, logger="graphtrees")
+    before = ext._log_messages_built()
+    run("quiet")
+    assert ext._log_messages_built() == before
+    assert graphtrees.tree_info(device)["num_recordings"] >= 2
+    caplog.set_level(logging.DEBUG, logger="graphtrees")
+    run("loud")
+    built = ext._log_messages_built() - before
+    assert built > 0
+    assert any("recorded node" in r.getMessage() for r in caplog.records)

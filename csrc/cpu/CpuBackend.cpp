@@ -28,14 +28,14 @@ void logPythonReplay(const std::string& name, const std::string& why, bool asked
     std::lock_guard<std::mutex> lock(mutex);
     if (!logged.insert(name.substr(0, name.find('#')) + "\n" + why).second) return;
   }
-  logMessage(asked ? LogLevel::kInfo : LogLevel::kWarning,
-             "CPU replays of '" + name +
-                 "' run its Python code again instead of its recorded "
-                 "ops: " +
-                 why +
-                 (asked ? ""
-                        : ". Python attributes it reads are then re-read on each "
-                          "replay, where a CUDA graph bakes them (Note [CPU graphs])"));
+  GRAPHTREES_LOG(asked ? LogLevel::kInfo : LogLevel::kWarning,
+                 "CPU replays of '" + name +
+                     "' run its Python code again instead of its recorded "
+                     "ops: " +
+                     why +
+                     (asked ? ""
+                            : ". Python attributes it reads are then re-read on each "
+                              "replay, where a CUDA graph bakes them (Note [CPU graphs])"));
 }
 
 }  // namespace
@@ -48,7 +48,7 @@ CpuBackend::~CpuBackend() {
   try {
     releasePool();
   } catch (const std::exception& e) {
-    logMessage(LogLevel::kWarning, std::string("releasing the CPU pool failed: ") + e.what());
+    GRAPHTREES_LOG(LogLevel::kWarning, std::string("releasing the CPU pool failed: ") + e.what());
   }
 }
 
@@ -146,8 +146,8 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
   // A program with collectives is not proved: running them once more would take this rank out
   // of step with the others (Note [CPU graphs]). Nor is one whose inputs are too large to copy.
   if (program && !unproven.empty()) {
-    logMessage(LogLevel::kInfo, "the recorded ops of '" + spec.function_name +
-                                    "' replay without the completeness proof: " + unproven);
+    GRAPHTREES_LOG(LogLevel::kInfo, "the recorded ops of '" + spec.function_name +
+                                        "' replay without the completeness proof: " + unproven);
   }
   if (program && !watch.collectives && unproven.empty()) {
     std::vector<at::Generator> generators = spec.generators;

@@ -120,7 +120,8 @@ CudaBackend::~CudaBackend() {
   try {
     releasePool();
   } catch (const std::exception& e) {
-    logMessage(LogLevel::kWarning, std::string("releasing the CUDA pool failed: ") + messageOf(e));
+    GRAPHTREES_LOG(LogLevel::kWarning,
+                   std::string("releasing the CUDA pool failed: ") + messageOf(e));
   }
   c10::cuda::CUDAGuard guard(device_.index());
   if (cudaStreamSynchronize(own_stream_) != cudaSuccess ||
@@ -449,8 +450,11 @@ std::shared_ptr<Checkpoint> CudaBackend::checkpoint() {
   }
   TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kCheckpoint),
               "graphtrees: injected failure while checkpointing the CUDA pool");
+  // The layout is a value: a range-for over segments() of the temporary would read a vector
+  // destroyed before the loop body (stack-use-after-scope, found by AddressSanitizer).
+  const PoolLayout pool_layout = layout();
   std::vector<uintptr_t> bases;
-  for (const auto& seg : layout().segments()) bases.push_back(seg.range.begin);
+  for (const auto& seg : pool_layout.segments()) bases.push_back(seg.range.begin);
   return std::make_shared<CudaCheckpoint>(CCA::getCheckpointState(device_.index(), pool_),
                                           std::move(bases));
 }
@@ -488,7 +492,7 @@ bool CudaBackend::freeCachedMemory() {
     CCA::emptyCache();  // the default pool: blocks cached by eager work
   } catch (const std::exception& e) {
     // A capture of the user's own is under way on the device.
-    logMessage(LogLevel::kDebug, std::string("emptying the CUDA cache failed: ") + e.what());
+    GRAPHTREES_LOG(LogLevel::kDebug, std::string("emptying the CUDA cache failed: ") + e.what());
     return false;
   }
   return CCA::getDeviceStats(device_.index()).reserved_bytes[agg].current < before;

@@ -61,7 +61,7 @@ MemoryLimit::Scope::~Scope() {
   try {
     limit_.lift();
   } catch (const std::exception& e) {
-    logMessage(LogLevel::kWarning, std::string("restoring the memory fraction: ") + e.what());
+    GRAPHTREES_LOG(LogLevel::kWarning, std::string("restoring the memory fraction: ") + e.what());
   }
 }
 
