@@ -12,6 +12,8 @@ the review's expectation held.
     GRAPHTREES_CUDA=1 python scripts/gpu_experiments.py              # all experiments
     GRAPHTREES_CUDA=1 python scripts/gpu_experiments.py E1 E7        # some of them
     GRAPHTREES_CUDA=1 python scripts/gpu_experiments.py --proof-only # is the CUDA backend on?
+    GRAPHTREES_CUDA=1 python scripts/gpu_experiments.py --sanity cuda  # record, replay, compare
+    python scripts/gpu_experiments.py --sanity cpu                     # the same on the CPU backend
     python scripts/gpu_experiments.py --dry-run                      # lists them (no GPU needed)
 
 Each experiment runs in its own Python process under its own time limit (SIGINT first, so that
@@ -94,6 +96,59 @@ def proof():
     assert info["num_replays"] == 2 and len(calls) == 2, (info["num_replays"], len(calls))
     graphtrees.reset()
     return f"backend {info['backend']}, {info['num_replays']} replays without Python"
+
+
+def sanity(device):
+    """Records and replays a small model at two shapes, comparing every call's values with eager,
+    and prints each step before it runs (a crash shows where) and the tree's tree_info()."""
+    import torch
+
+    import graphtrees
+
+    backend = {"cuda": "cuda-graphs", "cpu": "cpu-emulation"}[device]
+    torch.manual_seed(0)
+    model = (
+        torch.nn.Sequential(
+            torch.nn.Linear(64, 128),
+            torch.nn.GELU(),
+            torch.nn.Linear(128, 64),
+            torch.nn.LayerNorm(64),
+        )
+        .to(device)
+        .eval()
+    )
+    python_runs = []
+
+    def f(x, y):
+        python_runs.append(1)
+        return model(x).relu() * 2 + y, x.sum(0)
+
+    g = graphtrees.cudagraphify(f, name="sanity")
+    graphed_runs = 0
+    try:
+        with torch.no_grad():
+            for batch in (8, 16):
+                for step in ("warmup", "recording", "replay", "replay"):
+                    print(f"SANITY step: batch {batch}, {step}", flush=True)
+                    x = torch.randn(batch, 64, device=device)
+                    y = torch.randn(batch, 64, device=device)
+                    graphtrees.mark_step_begin()
+                    before = len(python_runs)
+                    out = [t.clone() for t in g(x, y)]
+                    graphed_runs += len(python_runs) - before
+                    torch.testing.assert_close(out, list(f(x, y)))
+    finally:  # the tree as it is, also when a call failed
+        info = graphtrees.tree_info(device)
+        print("TREE_INFO " + json.dumps(info, separators=(",", ":")), flush=True)
+    assert info["backend"] == backend, f"backend is {info['backend']!r}, not {backend!r}"
+    assert info["num_recordings"] == 2, info["num_recordings"]
+    assert info["num_replays"] == 4, info["num_replays"]
+    assert graphed_runs == 4, f"the function's Python ran {graphed_runs} times, not 4"
+    graphtrees.reset()
+    return (
+        f"backend {info['backend']}, {info['num_recordings']} recordings, "
+        f"{info['num_replays']} replays, every call's values equal to eager's"
+    )
 
 
 def _reject_one_capture():
@@ -860,10 +915,25 @@ def main():
         default=0,
         help="seconds for all of them: an experiment that would not fit is not started",
     )
+    parser.add_argument(
+        "--sanity",
+        choices=("cuda", "cpu"),
+        help="record, replay and compare with eager on this device, in this process",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         return run_one(args.one)
+    if args.sanity:
+        os.environ["GRAPHTREES_CUDA"] = "1"
+        t = time.perf_counter()
+        try:
+            verdict = f"passed ({sanity(args.sanity)})"
+        except Exception as e:  # noqa: BLE001 - reported
+            traceback.print_exc()
+            verdict = f"failed ({first_line(e)})"
+        print(f"SANITY: {verdict} [{time.perf_counter() - t:.1f} s]", flush=True)
+        return 0 if verdict.startswith("passed") else 1
     keys = args.keys or list(EXPERIMENTS)
     unknown = [k for k in keys if k not in EXPERIMENTS]
     if unknown:
