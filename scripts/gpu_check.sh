@@ -184,8 +184,9 @@ backtrace() {
   echo "$row: $what in $took s"
   { echo; echo "### $name, rerun under $(basename "$DEBUGGER")"; echo
     echo "\`$(printf '%q ' "${rerun[@]}")\`"; echo; echo '```'
-    grep -E 'received signal|^#[0-9]+ |^=> |^\[Inferior .* exited|No stack|^Program terminated' \
-      "$WORK/section" | cut -c1-240 | head -34
+    grep -E 'received signal|^\[Inferior .* exited|No stack|^Program terminated' "$WORK/section"
+    grep -E '^#[0-9]+ ' "$WORK/section" | cut -c1-240 | head -30  # the innermost frames
+    grep -E '^=> ' "$WORK/section"  # the faulting instruction
     echo '```'; } >> "$WORK/backtraces"
 }
 
