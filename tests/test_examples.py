@@ -1,5 +1,8 @@
-"""The examples run as README says and check themselves against eager execution."""
+"""The examples run as README says and check themselves against eager execution; README's set-up
+commands and quick start are the ones that work."""
 
+import os
+import re
 import subprocess
 import sys
 
@@ -52,3 +55,30 @@ def test_ddp_train_example():
         assert f"[rank {rank}] tree on cpu (cpu-emulation): 6 nodes" in out
         assert f"[rank {rank}]   #5 graph0.backward" in out
     assert "replays, 0 eager fallbacks" in out
+
+
+def _readme_blocks(section, lang):
+    """The ```lang code blocks of README's `## section`."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"^```{lang}\n(.*?)^```", body, re.M | re.S)
+
+
+def test_readme_set_up_commands_are_the_ones_that_run():
+    # Command 1 installs the torch run_tests.sh pins and runs the main example (whose run on CPU
+    # test_seed_tree_example checks); command 2 is what .ci/run runs.
+    install, tests = _readme_blocks("Set-up: two commands", "bash")
+    assert install.strip().endswith(
+        "python -m pip install --no-build-isolation --no-deps -e . && python examples/seed_tree.py"
+    )
+    assert "torch==2.14.1" in install
+    assert "torch==2.14.1" in open(os.path.join(ROOT, "scripts", "run_tests.sh")).read()
+    assert tests == "bash scripts/run_tests.sh\n"
+    assert "\nbash scripts/run_tests.sh\n" in open(os.path.join(ROOT, ".ci", "run")).read()
+
+
+def test_readme_quick_start_runs_as_written():
+    quick, compile_line = _readme_blocks("Quick start", "python")
+    assert 'torch.compile(model, backend="graphtrees")' in compile_line
+    out = _run("-c", quick + compile_line)
+    assert out.strip() == "8"  # 10 calls: a warmup, a recording, 8 replays, as its comment says

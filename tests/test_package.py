@@ -265,6 +265,40 @@ def test_docs_counter_table_is_the_cpp_table():
     assert dict(rows) == graphtrees._ext.get_ext().tree_counters
 
 
+def _github_anchor(title):
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces -> -."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.no_ext_ok
+def test_relative_links_in_readme_and_docs_resolve():
+    # README is a door to docs/: every relative link in it, in docs/ and in CONTRIBUTING.md names
+    # a file or folder that exists and, with #anchor, a heading that file has.
+    pages = [pathlib.Path(ROOT, n) for n in ("README.md", "CONTRIBUTING.md")]
+    pages += sorted(pathlib.Path(ROOT, "docs").glob("*.md"))
+    checked = 0
+    for page in pages:
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)  # code blocks
+        text = re.sub(r"`[^`\n]*`", "", text)  # inline code
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}: link {target}"
+            assert dest.exists(), f"{where}: {path} does not exist"
+            if anchor:
+                seen, anchors = {}, set()
+                body = re.sub(r"^```.*?^```", "", dest.read_text(), flags=re.M | re.S)
+                for title in re.findall(r"^#{1,6} (.+)$", body, re.M):
+                    a = _github_anchor(title)
+                    anchors.add(a if a not in seen else f"{a}-{seen[a]}")
+                    seen[a] = seen.get(a, 0) + 1
+                assert anchor in anchors, f"{where}: no heading #{anchor} in {path or page.name}"
+            checked += 1
+    assert checked > 40
+
+
 def test_failure_points_come_from_one_table():
     C = graphtrees._ext.get_ext()
     assert set(C.failure_points) == {

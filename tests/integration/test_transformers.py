@@ -52,8 +52,8 @@ def cache_argument(model):
 
 
 def decode_with_static_cache(model, device, prompt, new_tokens, passes=2, **options):
-    """The README's decode loop: a StaticCache in a closure, prefill and decode step wrapped
-    (with `options`), `passes` generations; returns each generation's tokens."""
+    """examples/llm_decode.py's decode loop: a StaticCache in a closure, prefill and decode step
+    wrapped (with `options`), `passes` generations; returns each generation's tokens."""
     cache = transformers.StaticCache(
         config=model.config, max_cache_len=prompt.shape[1] + new_tokens
     )
@@ -119,7 +119,7 @@ def test_static_cache_decoding_matches_generate(device):
 @pytest.mark.needs_kernels("greedy decoding feeds back token values read from the device")
 @pytest.mark.parametrize("verify", [True, "warn"], ids=["raise", "warn"])
 def test_verified_static_cache_decoding_updates_the_cache_once(device, verify, caplog):
-    # GRAPHTREES_VERIFY=1 over the README's decode loop: the eager check of each replay starts
+    # GRAPHTREES_VERIFY=1 over that decode loop: the eager check of each replay starts
     # from the cache as the replay found it and leaves it as the replay left it (the cache's
     # position counter is advanced once), so nothing is reported and the tokens are generate()'s.
     model = tiny_llama(device)
@@ -161,16 +161,16 @@ def test_generate_with_compile_config_replays_on_its_hundredth_call(device):
 
 
 @pytest.mark.needs_kernels("generate() stops on token values read from the device")
-@pytest.mark.parametrize("inner", [None, "aot_eager"], ids=["as-in-readme", "aot_eager"])
+@pytest.mark.parametrize("inner", [None, "aot_eager"], ids=["as-in-recipe", "aot_eager"])
 def test_generate_with_one_static_cache_records_the_decode_step_once(device, inner):
-    # README's recipe: one StaticCache passed to every generate() call keeps the cache's
+    # docs/recipes.md's recipe: one StaticCache passed to every generate() call keeps the cache's
     # addresses, so the decode step is recorded once and replayed by every later call, with
     # either inner compiler. options= needs mode=None (torch.compile refuses both).
     torch._dynamo.reset()
     model = tiny_llama(device)
     ids = torch.randint(0, 128, (1, 6), device=device)
     want = model.generate(ids, max_new_tokens=8, do_sample=False, cache_implementation="static")
-    if inner is None:  # README's recipe: the default inner compiler (Inductor)
+    if inner is None:  # the recipe's default inner compiler (Inductor)
         config = transformers.CompileConfig(backend="graphtrees")
     else:
         config = transformers.CompileConfig(
@@ -240,8 +240,8 @@ def test_compiled_llama_split_at_its_attention_matches_eager(device, inner):
 @pytest.mark.needs_kernels("greedy decoding feeds back token values read from the device")
 @pytest.mark.parametrize("inner", ["aot_eager", "inductor"])
 def test_compiled_llama_split_at_its_attention_decodes_with_a_static_cache(device, inner):
-    # README's piecewise recipe in a greedy loop: the StaticCache's layers are created inside
-    # the first compiled call (after a splitting op), and the loop runs past chain_limit.
+    # docs/training.md's piecewise recipe in a greedy loop: the StaticCache's layers are created
+    # inside the first compiled call (after a splitting op), and the loop runs past chain_limit.
     torch._dynamo.reset()  # earlier tests compiled the same forward: no recompile limit here
     model = tiny_llama(device)
     prompt = torch.randint(0, 128, (1, 8), device=device)
