@@ -6,10 +6,14 @@
 #   - the suite on CPU (the CUDA tests skipped: no GPU), and
 #   - the suite's CUDA tests on the CUDA stand-in (tests/cuda_standin: a fake CUDA runtime under
 #     real torch, kernels never executed), with GRAPHTREES_CUDA=1 -- a stand-in run, not a GPU
-#     run; tests that need kernel results are skipped there with their reason.
+#     run; tests that need kernel results are skipped there with their reason;
+# and, beside the torch 2.14.1 CPU suite, the sanitizer stage: the extension built with
+# -fsanitize=address,undefined against torch 2.11.0 (2.14.1 when 2.11 is skipped), running the
+# tree's tests (CUDA ones on the stand-in, CPU ones too) with 0 findings allowed.
 #   GRAPHTREES_SKIP_TORCH211=1   only torch 2.14.1
 #   GRAPHTREES_FULL_TORCH211=1   the whole CPU suite on torch 2.11 too (not only its API-facing files)
 #   GRAPHTREES_SKIP_STANDIN=1    no CUDA stand-in stages
+#   GRAPHTREES_SKIP_SANITIZER=1  no sanitizer stage
 #   GRAPHTREES_ALLOW_SYSTEM_PYTHON=1   install into a Python that is not a virtual environment
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,34 +54,107 @@ standin_build() {
   fi
 }
 
-# standin_start PYTHON LABEL: the suite's CUDA tests on the stand-in, in the background (its
-# own process, beside the CPU stage: the two take about as long, and each mostly keeps one core
-# busy), logged to a file; standin_wait prints that log and fails if they failed.
-STANDIN_PID=
-STANDIN_LOG=
-trap '[[ -z $STANDIN_PID ]] || kill "$STANDIN_PID" 2> /dev/null || true' EXIT
-standin_start() {
+# A second lane: a job in the background (its own process group of commands, beside the CPU
+# stage in the foreground: the two take about as long, and each mostly keeps one core busy),
+# logged to a file; lane_wait prints that log and fails if the job failed.
+LANE_PID=
+LANE_LOG=
+trap '[[ -z $LANE_PID ]] || kill "$LANE_PID" 2> /dev/null || true' EXIT
+lane_start() {
+  LANE_LOG=$(mktemp)
+  ("$@") > "$LANE_LOG" 2>&1 &
+  LANE_PID=$!
+}
+lane_wait() {
+  [[ -n $LANE_PID ]] || return 0
+  local rc=0
+  wait "$LANE_PID" || rc=$?
+  cat "$LANE_LOG"
+  rm -f "$LANE_LOG"
+  LANE_PID=
+  return $rc
+}
+
+# standin_tests PYTHON LABEL: the suite's CUDA tests on the stand-in.
+standin_tests() {
   local python=$1 label=$2
   [[ ${#STANDIN_ENV[@]} -gt 0 ]] || return 0
-  STANDIN_LOG=$(mktemp)
-  echo "[run_tests] CUDA tests on the CUDA stand-in ($label; kernels are not executed), beside the CPU stage"
-  (
-    t=$(date +%s)
-    rc=0
-    env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest tests "${PYTEST_OPTS[@]}" \
-      -m needs_cuda < /dev/null || rc=$?
-    stamp "tests on the CUDA stand-in ($label)" "$t"
-    exit $rc
-  ) > "$STANDIN_LOG" 2>&1 &
-  STANDIN_PID=$!
+  echo "[run_tests] CUDA tests on the CUDA stand-in ($label; kernels are not executed)"
+  local t rc=0
+  t=$(date +%s)
+  env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest tests "${PYTEST_OPTS[@]}" \
+    -m needs_cuda < /dev/null || rc=$?
+  stamp "tests on the CUDA stand-in ($label)" "$t"
+  return $rc
 }
-standin_wait() {
-  [[ -n $STANDIN_PID ]] || return 0
-  local rc=0
-  wait "$STANDIN_PID" || rc=$?
-  cat "$STANDIN_LOG"
-  rm -f "$STANDIN_LOG"
-  STANDIN_PID=
+
+# sanitizer_stage PYTHON LABEL: Issue 37's sanitizer stage. A copy of the sources (its own build
+# folder, kept between runs) built in place with -fsanitize=address,undefined, then the tree's
+# tests under it: the CUDA ones on the stand-in (the seed story, the CUDA backend, the tree's
+# behaviour, hardening, memory) and the same files' CPU cases, with AddressSanitizer's runtime
+# preloaded first. Any report (written to files, also from the tests' subprocesses) fails it.
+SAN_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+SAN_TESTS=(tests/test_seed_story.py tests/test_cuda.py tests/test_tree_behaviour.py
+  tests/test_hardening.py tests/test_memory.py)
+sanitizer_stage() {
+  local python=$1 label=$2 src=$ROOT/build/sanitizer-src t rc=0
+  if [[ ${GRAPHTREES_SKIP_SANITIZER:-0} == 1 ]]; then
+    echo "[run_tests] GRAPHTREES_SKIP_SANITIZER=1: the sanitizer stage is skipped"
+    return 0
+  fi
+  local asan
+  asan=$(readlink -f "$(${CXX:-c++} -print-file-name=libasan.so)")
+  if [[ ! -f $asan ]]; then
+    echo "[run_tests] the sanitizer stage is skipped: the compiler has no libasan.so"
+    return 0
+  fi
+  t=$(date +%s)
+  "$PY" scripts/sync_tree.py "$src"
+  echo "[run_tests] building graphtrees with $SAN_FLAGS against $label"
+  (cd "$src" && GRAPHTREES_EXTRA_CFLAGS="$SAN_FLAGS" "$python" setup.py -q build_ext --inplace) \
+    || return 1
+  stamp "sanitizer build ($label)" "$t"
+  t=$(date +%s)
+  local reports=$src/build/sanitizer-reports
+  rm -rf "$reports" && mkdir -p "$reports"
+  # AddressSanitizer's runtime comes first; the process's libstdc++.so.6 right after it, so that
+  # its __cxa_throw interceptor finds the real one at start-up (Python itself is C: without it,
+  # the first C++ exception torch throws ends the process in a CHECK of the runtime).
+  local cxx_runtime libdirs
+  cxx_runtime=$("$python" -c "import torch; print([l.split()[-1] for l in open('/proc/self/maps') if '/libstdc++.so' in l][0])")
+  # dlopen() called through the runtime's interceptor searches the interceptor's paths, not the
+  # caller's RUNPATH: cuDNN then cannot find its sub-libraries (SDPA's backend choice asks for
+  # its version). The wheel's NVIDIA library folders are named instead, after the stand-in's.
+  libdirs=$("$python" -c "import glob, os, torch; print(':'.join(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), 'nvidia', '*', 'lib'))))")
+  local env=(PYTHON="$python" ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0:log_path=$reports/asan"
+    UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan")
+  local preload=$asan:$cxx_runtime ld_path=$libdirs
+  if [[ ${#STANDIN_ENV[@]} -gt 0 ]]; then
+    local kv
+    for kv in "${STANDIN_ENV[@]}"; do
+      case $kv in
+        LD_PRELOAD=*) preload="$preload:${kv#LD_PRELOAD=}" ;;
+        LD_LIBRARY_PATH=*) ld_path="${kv#LD_LIBRARY_PATH=}:$ld_path" ;;
+        *) env+=("$kv") ;;
+      esac
+    done
+    echo "[run_tests] the tree's tests under the sanitizers ($label; CUDA ones on the CUDA stand-in)"
+  else
+    echo "[run_tests] the tree's tests under the sanitizers ($label; CPU ones only: no stand-in)"
+  fi
+  (cd "$src" && env "${env[@]}" LD_PRELOAD="$preload" LD_LIBRARY_PATH="$ld_path" \
+    "$python" -m pytest "${SAN_TESTS[@]}" \
+    "${PYTEST_OPTS[@]}" < /dev/null) || rc=$?
+  local n
+  n=$(find "$reports" -type f | wc -l)
+  if (( n > 0 )); then
+    echo "[run_tests] sanitizer findings: $n report(s)"
+    cat "$reports"/* | head -200
+    rc=1
+  else
+    echo "[run_tests] sanitizer findings: 0"
+  fi
+  stamp "tests under the sanitizers ($label)" "$t"
   return $rc
 }
 
@@ -90,15 +167,37 @@ echo "[run_tests] building graphtrees against torch 2.14.1 (build/temp-torch2.14
 "$PY" -c "import graphtrees._ext as e; print('[run_tests] backends compiled in:', e.get_ext().backends)"
 stamp "build (torch 2.14.1)" "$t"
 standin_build
-standin_start "$PY" "torch 2.14.1"
+
+# torch 2.11.0 is installed now, before the suite runs: the sanitizer stage builds against it.
+VENV=$ROOT/.venv-torch211
+SAN_PY=$PY
+SAN_LABEL="torch 2.14.1"
+if [[ ${GRAPHTREES_SKIP_TORCH211:-0} != 1 ]]; then
+  t=$(date +%s)
+  [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install torch==2.11.0 torchvision==0.26.0 "${DEPS[@]}"
+  stamp "install (torch 2.11.0)" "$t"
+  SAN_PY=$VENV/bin/python
+  SAN_LABEL="torch 2.11.0"
+fi
+
+# torch 2.14.1: the CPU suite here, and beside it the stand-in's CUDA tests then the sanitizer
+# stage.
+lane_b_214() {
+  local rc=0
+  standin_tests "$PY" "torch 2.14.1" || rc=$?
+  sanitizer_stage "$SAN_PY" "$SAN_LABEL" || rc=$?
+  return $rc
+}
+echo "[run_tests] beside the CPU suite: the CUDA stand-in's tests, then the sanitizer stage (logged below when done)"
+lane_start lane_b_214
 t=$(date +%s)
 cpu_rc=0
 "$PY" -m pytest tests "${PYTEST_OPTS[@]}" || cpu_rc=$?
 stamp "tests (torch 2.14.1)" "$t"
-standin_wait
-[[ $cpu_rc == 0 ]] || exit $cpu_rc
-
 if [[ ${GRAPHTREES_SKIP_TORCH211:-0} == 1 ]]; then
+  lane_wait || exit 1
+  [[ $cpu_rc == 0 ]] || exit $cpu_rc
   echo "[run_tests] GRAPHTREES_SKIP_TORCH211=1: the torch 2.11 stages were skipped"
   stamp "all stages" "$t_all"
   exit 0
@@ -107,18 +206,16 @@ fi
 # The second torch builds a copy of the sources, so that its extension never replaces the first
 # one's (an extension only loads with the torch it was compiled against). The copy keeps its own
 # build folder between runs; only files whose content changed are written (scripts/sync_tree.py).
-VENV=$ROOT/.venv-torch211
+# (While the other lane may still run the sanitizer stage.)
 SRC=$VENV/src
-t=$(date +%s)
-[[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install torch==2.11.0 torchvision==0.26.0 "${DEPS[@]}"
-stamp "install (torch 2.11.0)" "$t"
 t=$(date +%s)
 "$PY" scripts/sync_tree.py "$SRC"
 cd "$SRC"
 echo "[run_tests] building graphtrees against torch 2.11.0"
 "$VENV/bin/python" -m pip install --no-build-isolation --no-deps -e .
 stamp "build (torch 2.11.0)" "$t"
+lane_wait || exit 1
+[[ $cpu_rc == 0 ]] || exit $cpu_rc
 t=$(date +%s)
 # On torch 2.11 the CPU suite's files that touch what differs between the two torches (the
 # extension's symbols and stubs, dynamo and AOTAutograd, piecewise splitting, the CPU program
@@ -128,13 +225,14 @@ TORCH211_TESTS=(tests/test_package.py tests/test_compile.py tests/test_piecewise
   tests/test_cpu_graphs.py tests/test_tree_behaviour.py tests/test_fidelity.py
   tests/test_policy.py tests/test_wheel.py)
 [[ ${GRAPHTREES_FULL_TORCH211:-0} == 1 ]] && TORCH211_TESTS=(tests)
-standin_start "$VENV/bin/python" "torch 2.11.0"
+echo "[run_tests] beside the torch 2.11.0 CPU files: the CUDA stand-in's tests (logged below when done)"
+lane_start standin_tests "$VENV/bin/python" "torch 2.11.0"
 cpu_rc=0
 # The wheel built here must refuse torch 2.14.1 (test_wheel.py): its site-packages.
 OTHER_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 GRAPHTREES_OTHER_TORCH_SITE=$OTHER_SITE PYTHON="$VENV/bin/python" \
   "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" "${PYTEST_OPTS[@]}" || cpu_rc=$?
 stamp "tests (torch 2.11.0)" "$t"
-standin_wait
+lane_wait || exit 1
 [[ $cpu_rc == 0 ]] || exit $cpu_rc
 stamp "all stages" "$t_all"
