@@ -86,8 +86,9 @@ def _run_suite_with_env(env_extra, selection, timeout):
 
 
 def test_behaviour_suite_with_expandable_segments():
-    # Its own stage in scripts/gpu_check.sh (selected with -k expandable); the property test runs
-    # with fewer examples there (GRAPHTREES_HYPOTHESIS_EXAMPLES).
+    # Left out of scripts/gpu_check.sh's suite stage (a nested serial suite) and run by its
+    # `extra` part's expandable-segments stage; the property test runs with fewer examples there
+    # (GRAPHTREES_HYPOTHESIS_EXAMPLES).
     r = _run_suite_with_env(
         {
             "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
