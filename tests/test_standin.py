@@ -5,11 +5,14 @@ parametrisations (`-m needs_cuda` with GRAPHTREES_CUDA=1, see scripts/run_tests.
 
 import ctypes
 import os
+import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 import torch
+from cuda_standin.standin import LIBRARIES
 
 from helpers import ROOT, STANDIN
 
@@ -23,18 +26,38 @@ def cudart():
     return ctypes.CDLL("libcudart.so.13", mode=os.RTLD_NOLOAD)
 
 
-def run_on_standin(code, **env):
-    """Runs `code` in a fresh interpreter on the stand-in (this process's environment)."""
-    r = subprocess.run(
+def run_process(code, **env):
+    """Runs `code` in a fresh interpreter on the stand-in (this process's environment, changed by
+    `env`: a value of None removes the variable); returns the finished process, crashed or not."""
+    environ = dict(os.environ)
+    for k, v in env.items():
+        if v is None:
+            environ.pop(k, None)
+        else:
+            environ[k] = v
+    return subprocess.run(
         [sys.executable, "-c", code],
-        env=dict(os.environ, **env),
+        env=environ,
         capture_output=True,
         text=True,
         timeout=300,
         cwd=ROOT,
     )
+
+
+def run_on_standin(code, **env):
+    """Runs `code` in a fresh interpreter on the stand-in (this process's environment)."""
+    r = run_process(code, **env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r.stdout
+
+
+def preloaded_libraries():
+    """The stand-in's libraries this process runs on, as LD_PRELOAD names them."""
+    paths = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
+    found = [p for p in paths if os.path.basename(p) in LIBRARIES]
+    assert sorted(os.path.basename(p) for p in found) == sorted(LIBRARIES), paths
+    return found
 
 
 def test_it_is_one_device_whose_memory_is_the_hosts():
@@ -352,3 +375,173 @@ def test_the_seed_story_gives_every_cudamalloc_back(mode):
     frees = int(out.split("frees ")[1].split()[0])
     assert mallocs > 0 and mallocs == frees and "in use 0" in out, out
     assert f"deferred {int(mode == 'deferred')}" in out
+
+
+# ---- a stand-in that punishes what hardware punishes ------------------------------------------
+
+# What the real CUDA libraries depend on (and the loader itself): nothing of the C++ runtime.
+C_LIBRARIES = {
+    "libc.so.6",
+    "libm.so.6",
+    "libdl.so.2",
+    "libpthread.so.0",
+    "librt.so.1",
+    "ld-linux-x86-64.so.2",
+    "ld-linux-aarch64.so.1",
+}
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs readelf (binutils)")
+def test_its_libraries_need_only_the_c_library():
+    # A preloaded library that needs libstdc++.so.6 puts it in the process-wide lookup scope,
+    # where it hides what a private C++ runtime inside an extension does beside torch's (the first
+    # GPU run's crash, which the stand-in could not show while its libraries needed it).
+    for path in preloaded_libraries():
+        out = subprocess.run(
+            ["readelf", "-d", path], capture_output=True, text=True, check=True
+        ).stdout
+        needed = {
+            line.split("[", 1)[1].split("]", 1)[0]
+            for line in out.splitlines()
+            if "(NEEDED)" in line
+        }
+        assert needed <= C_LIBRARIES | {"libcudart.so.13"}, (os.path.basename(path), needed)
+    # And preloading them into a process without C++ loads no C++ runtime.
+    maps = run_on_standin("print(open('/proc/self/maps').read())")
+    assert "libcudart.so.13" in maps
+    assert "libstdc++" not in maps and "libgcc_s" not in maps, maps
+
+
+# Reads (or writes) a CUDA tensor's memory from the host, as no host code may: on a GPU the
+# address is not the host's, and the read dies with SIGSEGV. Pinned memory stays the host's.
+HOST_READ = (
+    "import ctypes, torch\n"
+    "host = torch.arange(4, dtype=torch.float32)\n"
+    "x = host.cuda()\n"
+    "pinned = host.pin_memory()\n"
+    "assert ctypes.string_at(pinned.data_ptr(), 16) == host.numpy().tobytes()\n"
+    "assert torch.equal(x.cpu(), host)  # the stand-in's own copies move the bytes\n"
+    "print('touching', flush=True)\n"
+    "{touch}\n"
+    "print('touched', flush=True)\n"
+)
+READ = "print('bytes', ctypes.string_at(x.data_ptr(), 16) == host.numpy().tobytes())"
+WRITE = "ctypes.memset(x.data_ptr() + 4, 0, 4)"
+
+
+@pytest.mark.parametrize(
+    "allocator",
+    [
+        pytest.param(None, id="cudaMalloc"),
+        pytest.param("expandable_segments:True", id="expandable-segments"),
+        pytest.param("backend:cudaMallocAsync", id="cudaMallocAsync"),
+    ],
+)
+def test_host_code_cannot_read_device_memory(allocator):
+    code = HOST_READ.format(touch=READ)
+    r = run_process(code, PYTORCH_CUDA_ALLOC_CONF=allocator, CUDA_STANDIN_HOST_ACCESS=None)
+    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr[-3000:])
+    assert "touching" in r.stdout and "touched" not in r.stdout
+    # CUDA_STANDIN_HOST_ACCESS=1 (debugging) lets the host read the same bytes.
+    out = run_on_standin(code, PYTORCH_CUDA_ALLOC_CONF=allocator, CUDA_STANDIN_HOST_ACCESS="1")
+    assert "bytes True" in out and "touched" in out, out
+
+
+def test_host_code_cannot_write_device_memory():
+    r = run_process(HOST_READ.format(touch=WRITE), CUDA_STANDIN_HOST_ACCESS=None)
+    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stdout, r.stderr[-3000:])
+    assert "touching" in r.stdout and "touched" not in r.stdout
+
+
+# Uses a handle after it was destroyed (or one never created): a driver may crash on it, so the
+# stand-in ends the process naming the call and the handle. The runtime only, through ctypes.
+STALE = (
+    "import ctypes, os\n"
+    "lib = ctypes.CDLL('libcudart.so.13', mode=os.RTLD_NOLOAD)\n"
+    "h, g = ctypes.c_void_p(), ctypes.c_void_p()\n"
+    "zero = ctypes.c_ulonglong(0)\n"
+    "{setup}\n"
+    "print('handle', hex(h.value), flush=True)\n"
+    "print('returned', {use}, flush=True)\n"
+)
+STALE_CASES = {
+    "stream": (
+        "assert lib.cudaStreamCreate(ctypes.byref(h)) == 0\nassert lib.cudaStreamDestroy(h) == 0",
+        "lib.cudaStreamSynchronize(h)",
+        "cudaStreamSynchronize: stream {h} was destroyed by cudaStreamDestroy",
+        400,  # cudaErrorInvalidResourceHandle
+    ),
+    "event": (
+        "assert lib.cudaEventCreate(ctypes.byref(h)) == 0\nassert lib.cudaEventDestroy(h) == 0",
+        "lib.cudaEventRecord(h, None)",
+        "cudaEventRecord: event {h} was destroyed by cudaEventDestroy",
+        400,
+    ),
+    "event-destroyed-twice": (
+        "assert lib.cudaEventCreate(ctypes.byref(h)) == 0\nassert lib.cudaEventDestroy(h) == 0",
+        "lib.cudaEventDestroy(h)",
+        "cudaEventDestroy: event {h} was destroyed by cudaEventDestroy",
+        400,
+    ),
+    "graph": (
+        "assert lib.cudaGraphCreate(ctypes.byref(h), 0) == 0\nassert lib.cudaGraphDestroy(h) == 0",
+        "lib.cudaGraphInstantiateWithFlags(ctypes.byref(g), h, zero)",
+        "cudaGraphInstantiateWithFlags: graph {h} was destroyed by cudaGraphDestroy",
+        1,  # cudaErrorInvalidValue
+    ),
+    "graph-exec": (
+        "assert lib.cudaGraphCreate(ctypes.byref(g), 0) == 0\n"
+        "assert lib.cudaGraphInstantiateWithFlags(ctypes.byref(h), g, zero) == 0\n"
+        "assert lib.cudaGraphExecDestroy(h) == 0",
+        "lib.cudaGraphLaunch(h, None)",
+        "cudaGraphLaunch: executable graph {h} was destroyed by cudaGraphExecDestroy",
+        1,
+    ),
+    "unknown-stream": (
+        "h.value = 0x5EED0000",
+        "lib.cudaStreamQuery(h)",
+        "cudaStreamQuery: stream {h} was never created",
+        400,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(STALE_CASES))
+def test_a_destroyed_or_unknown_handle_ends_the_process(case):
+    setup, use, message, error = STALE_CASES[case]
+    code = STALE.format(setup=setup, use=use)
+    r = run_process(code, CUDA_STANDIN_HANDLE_ERRORS=None)
+    handle = r.stdout.split("handle ")[1].split()[0] if "handle " in r.stdout else "?"
+    assert r.returncode == -signal.SIGABRT, (r.returncode, r.stdout, r.stderr[-3000:])
+    assert "returned" not in r.stdout
+    assert message.format(h=handle) in r.stderr, r.stderr[-3000:]
+    # CUDA_STANDIN_HANDLE_ERRORS=1 (debugging): the call fails instead, as the stand-in's calls
+    # did before.
+    out = run_on_standin(code, CUDA_STANDIN_HANDLE_ERRORS="1", CUDA_STANDIN_QUIET="1")
+    assert f"returned {error}" in out, out
+
+
+def test_torch_launching_onto_a_destroyed_stream_ends_the_process():
+    # An external stream (torch.cuda.ExternalStream) that its owner destroyed while torch still
+    # used it: the launch names the kernel.
+    code = (
+        "import ctypes, os, torch\n"
+        "lib = ctypes.CDLL('libcudart.so.13', mode=os.RTLD_NOLOAD)\n"
+        "x = torch.ones(8, device='cuda')\n"
+        "h = ctypes.c_void_p()\n"
+        "assert lib.cudaStreamCreate(ctypes.byref(h)) == 0\n"
+        "s = torch.cuda.ExternalStream(h.value)\n"
+        "with torch.cuda.stream(s):\n"
+        "    x + 1\n"
+        "assert lib.cudaStreamDestroy(h) == 0\n"
+        "print('handle', hex(h.value), flush=True)\n"
+        "with torch.cuda.stream(s):\n"
+        "    x + 1\n"
+        "print('launched', flush=True)\n"
+    )
+    r = run_process(code, CUDA_STANDIN_HANDLE_ERRORS=None)
+    assert r.returncode == -signal.SIGABRT, (r.returncode, r.stdout, r.stderr[-3000:])
+    handle = r.stdout.split("handle ")[1].split()[0]
+    assert "launched" not in r.stdout
+    assert "the launch of kernel" in r.stderr
+    assert f"stream {handle} was destroyed by cudaStreamDestroy" in r.stderr, r.stderr[-3000:]

@@ -42,7 +42,8 @@
 // cudaFree of a buffer it reads or writes -- is a sticky device fault (cudaErrorIllegalAddress)
 // reported with the node's name. User objects are reference-counted: graphs and executable
 // graphs hold their references (an executable graph takes its own at instantiation), and a
-// destructor runs once the count reaches zero, outside the stand-in's lock.
+// destructor runs once the count reaches zero, outside the stand-in's lock. A destroyed graph or
+// executable graph keeps its handle, retired: using it ends the process (Note [Stand-in handles]).
 
 namespace standin {
 
@@ -62,6 +63,19 @@ std::unordered_set<CUgraph_st*>& liveGraphs() {
 std::unordered_set<CUgraphExec_st*>& liveExecs() {
   static auto* s = new std::unordered_set<CUgraphExec_st*>();
   return *s;
+}
+
+// Whether `call` was given a live graph (executable graph); a null one is an error the caller
+// reports, any other is badHandle() (Note [Stand-in handles]).
+bool liveGraph(cudaGraph_t g, const char* call) {
+  if (liveGraphs().count(g)) return true;
+  if (g != nullptr) badHandle(call, HandleKind::kGraph, g);
+  return false;
+}
+bool liveExec(cudaGraphExec_t x, const char* call) {
+  if (liveExecs().count(x)) return true;
+  if (x != nullptr) badHandle(call, HandleKind::kGraphExec, x);
+  return false;
 }
 
 const char* modeName(cudaStreamCaptureMode m) {
@@ -107,11 +121,14 @@ void releaseUserObject(CUuserObject_st* o, unsigned count) {
   }
 }
 
-void destroyGraph(CUgraph_st* g) {
+// The graph's nodes and references go; its handle stays, retired (Note [Stand-in handles]).
+void destroyGraph(CUgraph_st* g, const char* by) {
   for (auto& uo : g->user_objects) releaseUserObject(uo.first, uo.second);
+  g->user_objects.clear();
+  g->nodes.clear();
   liveGraphs().erase(g);
   stats().live_graphs--;
-  delete g;
+  retireHandle(g, HandleKind::kGraph, by);
 }
 
 void leaveCapture(Capture* c) {
@@ -202,14 +219,14 @@ namespace {
 cudaError_t beginCapture(cudaStream_t stream, CUgraph_st* into, const cudaGraphNode_t* deps,
                          size_t num_deps, cudaStreamCaptureMode mode, const char* call) {
   Lock lock;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, call);
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "%s: unknown stream %s", call, hex(stream).c_str());
   if (s->legacy)
     return fail(cudaErrorStreamCaptureUnsupported, "%s: the legacy stream cannot capture", call);
   if (s->capture != nullptr)
     return fail(cudaErrorIllegalState, "%s: the stream is capturing already", call);
-  if (into != nullptr && !liveGraphs().count(into))
+  if (into != nullptr && !liveGraph(into, call))
     return fail(cudaErrorInvalidValue, "%s: unknown graph", call);
   auto* c = new Capture();  // never freed: capture events keep naming it
   c->id = next_capture_id++;
@@ -262,7 +279,7 @@ cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   Lock lock;
   if (pGraph == nullptr) return setError(cudaErrorInvalidValue);
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaStreamEndCapture");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture: unknown stream");
   Capture* c = s->capture;
@@ -301,7 +318,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   leaveCapture(c);
   *pGraph = nullptr;
   if (c->invalidated || !unjoined.empty()) {
-    if (c->owns_graph) destroyGraph(c->graph);
+    if (c->owns_graph) destroyGraph(c->graph, "a failed cudaStreamEndCapture");
     c->graph = nullptr;
     if (c->invalidated) {
       return fail(cudaErrorStreamCaptureInvalidated,
@@ -322,7 +339,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* pCaptureStatus) {
   Lock lock;
   if (pCaptureStatus == nullptr) return setError(cudaErrorInvalidValue);
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaStreamIsCapturing");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamIsCapturing: unknown stream %s",
                 hex(stream).c_str());
@@ -343,7 +360,7 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
                                      size_t* numDependencies_out) {
   Lock lock;
   if (captureStatus_out == nullptr) return setError(cudaErrorInvalidValue);
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaStreamGetCaptureInfo");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamGetCaptureInfo: unknown stream");
   Capture* c = s->capture;
@@ -365,7 +382,7 @@ cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream, cudaGraphNo
                                                 const cudaGraphEdgeData* /*dependencyData*/,
                                                 size_t numDependencies, unsigned int flags) {
   Lock lock;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaStreamUpdateCaptureDependencies");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle,
                 "cudaStreamUpdateCaptureDependencies: unknown stream");
@@ -401,17 +418,19 @@ cudaError_t cudaGraphCreate(cudaGraph_t* pGraph, unsigned int /*flags*/) {
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   Lock lock;
-  if (!liveGraphs().count(graph))
+  if (!liveGraph(graph, "cudaGraphDestroy"))
     return fail(cudaErrorInvalidValue, "cudaGraphDestroy(%s): unknown graph", hex(graph).c_str());
   if (graph->capturing)
     return fail(cudaErrorIllegalState, "cudaGraphDestroy: the graph is being captured into");
-  destroyGraph(graph);
+  destroyGraph(graph, "cudaGraphDestroy");
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* numNodes) {
   Lock lock;
-  if (!liveGraphs().count(graph) || numNodes == nullptr) return setError(cudaErrorInvalidValue);
+  if (!liveGraph(graph, "cudaGraphGetNodes") || numNodes == nullptr) {
+    return setError(cudaErrorInvalidValue);
+  }
   const size_t n = graph->nodes.size();
   if (nodes != nullptr) {
     for (size_t i = 0; i < *numNodes; ++i) nodes[i] = i < n ? graph->nodes[i].get() : nullptr;
@@ -440,7 +459,7 @@ cudaError_t cudaGraphAddNode(cudaGraphNode_t* pGraphNode, cudaGraph_t graph,
                              const cudaGraphEdgeData* /*dependencyData*/, size_t numDependencies,
                              cudaGraphNodeParams* nodeParams) {
   Lock lock;
-  if (!liveGraphs().count(graph) || nodeParams == nullptr || pGraphNode == nullptr) {
+  if (!liveGraph(graph, "cudaGraphAddNode") || nodeParams == nullptr || pGraphNode == nullptr) {
     return setError(cudaErrorInvalidValue);
   }
   NodeData d;
@@ -502,7 +521,7 @@ cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHandle* /*pHand
 cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
                                           unsigned long long /*flags*/) {
   Lock lock;
-  if (pGraphExec == nullptr || !liveGraphs().count(graph)) {
+  if (!liveGraph(graph, "cudaGraphInstantiateWithFlags") || pGraphExec == nullptr) {
     return fail(cudaErrorInvalidValue, "cudaGraphInstantiateWithFlags: unknown graph %s",
                 hex(graph).c_str());
   }
@@ -531,25 +550,28 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
   Lock lock;
-  if (!liveExecs().count(graphExec))
+  if (!liveExec(graphExec, "cudaGraphExecDestroy"))
     return fail(cudaErrorInvalidValue, "cudaGraphExecDestroy(%s): unknown executable graph",
                 hex(graphExec).c_str());
-  // Queued launches keep their own copy of the nodes; the executable graph can go.
+  // Queued launches keep their own copy of the nodes; the executable graph can go, its handle
+  // stays, retired (Note [Stand-in handles]).
   for (auto& uo : graphExec->user_objects) releaseUserObject(uo.first, uo.second);
+  graphExec->user_objects.clear();
+  graphExec->nodes.reset();
   liveExecs().erase(graphExec);
   stats().live_execs--;
-  delete graphExec;
+  retireHandle(graphExec, HandleKind::kGraphExec, "cudaGraphExecDestroy");
   return cudaSuccess;
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
   Lock lock;
-  if (!liveExecs().count(graphExec))
+  if (!liveExec(graphExec, "cudaGraphLaunch"))
     return fail(cudaErrorInvalidValue, "cudaGraphLaunch(%s): unknown executable graph",
                 hex(graphExec).c_str());
   if (stickyError() != cudaSuccess) return setError(stickyError());
   if (cudaError_t e = injectedFailure("cudaGraphLaunch")) return e;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaGraphLaunch");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: unknown stream %s",
                 hex(stream).c_str());
@@ -574,7 +596,9 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
 
 cudaError_t cudaGraphDebugDotPrint(cudaGraph_t graph, const char* path, unsigned int /*flags*/) {
   Lock lock;
-  if (!liveGraphs().count(graph) || path == nullptr) return setError(cudaErrorInvalidValue);
+  if (!liveGraph(graph, "cudaGraphDebugDotPrint") || path == nullptr) {
+    return setError(cudaErrorInvalidValue);
+  }
   FILE* f = std::fopen(path, "w");
   if (f == nullptr)
     return fail(cudaErrorInvalidValue, "cudaGraphDebugDotPrint: cannot write %s", path);
@@ -622,7 +646,7 @@ cudaError_t cudaUserObjectRelease(cudaUserObject_t object, unsigned int count) {
 cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, cudaUserObject_t object,
                                       unsigned int count, unsigned int flags) {
   Lock lock;
-  if (!liveGraphs().count(graph))
+  if (!liveGraph(graph, "cudaGraphRetainUserObject"))
     return fail(cudaErrorInvalidValue, "cudaGraphRetainUserObject: unknown graph");
   if ((flags & cudaGraphUserObjectMove) == 0) object->refs += count;  // Move: the caller's refs
   graph->user_objects.push_back({object, count});
@@ -632,7 +656,7 @@ cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, cudaUserObject_t object
 cudaError_t cudaGraphReleaseUserObject(cudaGraph_t graph, cudaUserObject_t object,
                                        unsigned int count) {
   Lock lock;
-  if (!liveGraphs().count(graph))
+  if (!liveGraph(graph, "cudaGraphReleaseUserObject"))
     return fail(cudaErrorInvalidValue, "cudaGraphReleaseUserObject: unknown graph");
   for (auto& uo : graph->user_objects) {
     if (uo.first == object && uo.second >= count) {

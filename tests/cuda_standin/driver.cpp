@@ -23,12 +23,15 @@
 //   - One device (0) and its primary context; attributes as the runtime reports them.
 //   - Modules (cuModuleLoadData, NVRTC's cuLink*) are accepted unread; cuModuleGetFunction
 //     names a function, and its launches are kernels (Note [Stand-in kernels]).
-//   - Virtual memory, for expandable segments: cuMemAddressReserve is an mmap'd PROT_NONE range;
-//     cuMemCreate a memfd of the size asked (counted against the capacity, poisoned);
-//     cuMemMap maps it MAP_FIXED|MAP_SHARED into a reservation, cuMemSetAccess makes it
-//     readable and writable and the mapped ranges of a reservation become device memory for the
-//     copy checks; cuMemUnmap (which waits for the device) puts PROT_NONE back; the memory goes
-//     once it is released and unmapped everywhere. Granularity is 2 MiB.
+//   - Virtual memory, for expandable segments: cuMemAddressReserve is an mmap'd PROT_NONE range,
+//     and a second one of the same size, its view (Note [Stand-in memory]); cuMemCreate a memfd
+//     of the size asked (counted against the capacity, poisoned); cuMemMap maps it
+//     MAP_FIXED|MAP_SHARED into the reservation, PROT_NONE, and at the same offset into the
+//     view, read-write; cuMemSetAccess makes the mapped ranges of a reservation device memory
+//     for the copy checks, whose bytes the stand-in moves through the view -- the host still
+//     cannot touch them (CUDA_STANDIN_HOST_ACCESS=1: it makes them readable and writable);
+//     cuMemUnmap (which waits for the device) puts PROT_NONE back in both; the memory goes once
+//     it is released and unmapped everywhere. Granularity is 2 MiB.
 //   - cuMemsetD32Async and cuStreamWriteValue32 are stream-ordered memsets.
 //   - IPC handles (cuMemExportToShareableHandle, ...) are CUDA_ERROR_NOT_SUPPORTED.
 
@@ -124,8 +127,12 @@ std::map<uintptr_t, Mapping>& mappings() {
   static auto* m = new std::map<uintptr_t, Mapping>();
   return *m;
 }
-std::map<uintptr_t, size_t>& reservations() {
-  static auto* m = new std::map<uintptr_t, size_t>();
+struct Reservation {
+  size_t size = 0;
+  uintptr_t view = 0;  // the stand-in's read-write mirror of the range (Note [Stand-in memory])
+};
+std::map<uintptr_t, Reservation>& reservations() {
+  static auto* m = new std::map<uintptr_t, Reservation>();
   return *m;
 }
 std::map<uintptr_t, size_t>& mappedRuns() {  // the kMapped allocations registered now
@@ -134,15 +141,29 @@ std::map<uintptr_t, size_t>& mappedRuns() {  // the kMapped allocations register
 }
 CUmemGenericAllocationHandle next_handle = 1;
 
-// Registers the accessible mapped ranges, coalesced, as device memory: a block of an expandable
-// segment may span several physical allocations.
+// The reservation holding [va, va + size), or nullptr.
+const std::pair<const uintptr_t, Reservation>* reservationOf(uintptr_t va, size_t size) {
+  auto it = reservations().upper_bound(va);
+  if (it == reservations().begin()) return nullptr;
+  --it;
+  return va >= it->first && va + size <= it->first + it->second.size ? &*it : nullptr;
+}
+
+// Where the stand-in sees the bytes mapped at va (in a reservation).
+uintptr_t viewOf(uintptr_t va) {
+  const auto* r = reservationOf(va, 1);
+  return r == nullptr ? 0 : r->second.view + (va - r->first);
+}
+
+// Registers the accessible mapped ranges, coalesced within a reservation, as device memory: a
+// block of an expandable segment may span several physical allocations.
 void refreshMappedRuns() {
   for (auto& kv : mappedRuns()) unregisterAllocation(kv.first);
   mappedRuns().clear();
   uintptr_t run_start = 0, run_end = 0;
   for (auto& kv : mappings()) {
     if (!kv.second.accessible) continue;
-    if (run_end == kv.first) {
+    if (run_end == kv.first && reservationOf(run_start, run_end + kv.second.size - run_start)) {
       run_end += kv.second.size;
       continue;
     }
@@ -151,7 +172,9 @@ void refreshMappedRuns() {
     run_end = kv.first + kv.second.size;
   }
   if (run_end > run_start) mappedRuns()[run_start] = run_end - run_start;
-  for (auto& kv : mappedRuns()) registerAllocation(kv.first, kv.second, MemKind::kMapped);
+  for (auto& kv : mappedRuns()) {
+    registerAllocation(kv.first, kv.second, MemKind::kMapped, viewOf(kv.first));
+  }
 }
 
 void dropPhysicalIfUnused(CUmemGenericAllocationHandle h) {
@@ -161,13 +184,6 @@ void dropPhysicalIfUnused(CUmemGenericAllocationHandle h) {
   releaseDeviceBytes(it->second.size);
   stats().frees++;
   physicals().erase(it);
-}
-
-bool inReservation(uintptr_t va, size_t size) {
-  auto it = reservations().upper_bound(va);
-  if (it == reservations().begin()) return false;
-  --it;
-  return va >= it->first && va + size <= it->first + it->second;
 }
 
 }  // namespace
@@ -501,12 +517,17 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
       mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED)
     return driverFail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAddressReserve: mmap failed");
+  void* view = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (view == MAP_FAILED) {
+    munmap(raw, size + align);
+    return driverFail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAddressReserve: mmap failed");
+  }
   const uintptr_t start = (reinterpret_cast<uintptr_t>(raw) + align - 1) & ~(align - 1);
   const uintptr_t head = start - reinterpret_cast<uintptr_t>(raw);
   if (head > 0) munmap(raw, head);
   const size_t tail = align - head;
   if (tail > 0) munmap(reinterpret_cast<void*>(start + size), tail);
-  reservations()[start] = size;
+  reservations()[start] = Reservation{size, reinterpret_cast<uintptr_t>(view)};
   *ptr = start;
   return CUDA_SUCCESS;
 }
@@ -514,7 +535,7 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   Lock lock;
   auto it = reservations().find(ptr);
-  if (it == reservations().end() || it->second != size) {
+  if (it == reservations().end() || it->second.size != size) {
     return driverFail(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree: not a reservation");
   }
   for (auto& kv : mappings()) {
@@ -523,6 +544,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     }
   }
   munmap(reinterpret_cast<void*>(ptr), size);
+  munmap(reinterpret_cast<void*>(it->second.view), size);
   reservations().erase(it);
   return CUDA_SUCCESS;
 }
@@ -577,13 +599,19 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
   auto it = physicals().find(handle);
   if (it == physicals().end())
     return driverFail(CUDA_ERROR_INVALID_VALUE, "cuMemMap: unknown handle");
-  if (!inReservation(ptr, size) || offset + size > it->second.size) {
+  if (reservationOf(ptr, size) == nullptr || offset + size > it->second.size) {
     return driverFail(CUDA_ERROR_INVALID_VALUE,
                       "cuMemMap: outside a reservation or the allocation");
   }
   void* p = mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
                  it->second.fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) return driverFail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemMap: mmap failed");
+  void* v = mmap(reinterpret_cast<void*>(viewOf(ptr)), size, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_FIXED, it->second.fd, static_cast<off_t>(offset));
+  if (v == MAP_FAILED) {
+    mmap(p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    return driverFail(CUDA_ERROR_OUT_OF_MEMORY, "cuMemMap: mmap failed");
+  }
   it->second.maps++;
   mappings()[ptr] = Mapping{size, handle, false};
   stats().vmm_mapped_bytes += static_cast<int64_t>(size);
@@ -593,7 +621,12 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* /*desc*/,
                         size_t /*count*/) {
   Lock lock;
-  if (mprotect(reinterpret_cast<void*>(ptr), size, PROT_READ | PROT_WRITE) != 0) {
+  if (reservationOf(ptr, size) == nullptr) {
+    return driverFail(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: the range is not reserved");
+  }
+  // The device's access; the host's stays none (Note [Stand-in memory]).
+  if (config().host_access &&
+      mprotect(reinterpret_cast<void*>(ptr), size, PROT_READ | PROT_WRITE) != 0) {
     return driverFail(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: the range is not mapped");
   }
   for (auto& kv : mappings()) {
@@ -610,8 +643,12 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   for (auto& kv : mappings()) {
     if (kv.first >= ptr && kv.first + kv.second.size <= ptr + size) gone.push_back(kv.first);
   }
-  if (gone.empty()) return driverFail(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap: nothing mapped there");
+  if (gone.empty() || reservationOf(ptr, size) == nullptr) {
+    return driverFail(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap: nothing mapped there");
+  }
   mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
+       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  mmap(reinterpret_cast<void*>(viewOf(ptr)), size, PROT_NONE,
        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   for (uintptr_t va : gone) {
     const Mapping m = mappings()[va];

@@ -82,7 +82,7 @@ cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t shmem, cudaSt
                 "(raise it with cudaFuncSetAttribute(MaxDynamicSharedMemorySize))",
                 name, shmem, limit);
   }
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, ("the launch of kernel " + std::string(name)).c_str());
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "launch of %s: unknown stream %s", name,
                 hex(stream).c_str());

@@ -2,11 +2,24 @@
 
 #include "standin.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 
 // Note [Stand-in memory]
-// Device memory is host memory: cudaMalloc is posix_memalign (4 KiB aligned), counted against a
+// Device memory is host memory that host code cannot touch: cudaMalloc (and cudaMallocAsync, a
+// __device__ variable, cuMemCreate's memory mapped by cuMemMap: driver.cpp) is a memory file
+// mapped twice -- at the address handed out (page aligned), PROT_NONE, so that a host read or
+// write of a CUDA pointer (a host function, a ctypes read, C++ that dereferences a tensor's
+// data_ptr()) dies with SIGSEGV as it does on a GPU; and read-write at a second address, the
+// allocation's view, that only the stand-in knows and through which its own copies, memsets,
+// graph nodes and poisoning move the bytes (hostView()). No bytes ever pass through the device
+// addresses, so no window opens for other threads. Pinned memory (cudaHostAlloc,
+// cudaHostRegister) stays host memory, readable and writable as on hardware (managed memory is
+// not modelled). CUDA_STANDIN_HOST_ACCESS=1 (for debugging) maps the device addresses read-write
+// too: the same pages, so both see the same bytes. Device memory is counted against a
 // capacity (CUDA_STANDIN_MEMORY, default 16 GiB, standin_set_capacity()); past it, and at an
 // allocation armed with standin_fail_allocation(), it fails with cudaErrorMemoryAllocation as a
 // full device does. New memory is poisoned (CUDA_STANDIN_POISON, 0xFF by default: a float NaN),
@@ -89,6 +102,67 @@ void* allocateHost(size_t size) {
   return p;
 }
 
+size_t pageRound(size_t n) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return ((n == 0 ? 1 : n) + page - 1) / page * page;
+}
+
+// Device memory of `size` bytes (Note [Stand-in memory]): returns the device address, PROT_NONE
+// to the host, and sets *view to the stand-in's read-write mapping of the same pages; nullptr
+// if the host is out of memory (or mappings).
+void* mapDevice(size_t size, void** view) {
+  const size_t len = pageRound(size);
+  const int fd = memfd_create("cuda-standin-device", MFD_CLOEXEC);
+  if (fd < 0) return nullptr;
+  void* device = MAP_FAILED;
+  void* v = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(len)) == 0) {
+    v = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    device = mmap(nullptr, len, config().host_access ? PROT_READ | PROT_WRITE : PROT_NONE,
+                  MAP_SHARED, fd, 0);
+  }
+  close(fd);  // the mappings keep the memory
+  if (device == MAP_FAILED || v == MAP_FAILED) {
+    if (device != MAP_FAILED) munmap(device, len);
+    if (v != MAP_FAILED) munmap(v, len);
+    return nullptr;
+  }
+  *view = v;
+  return device;
+}
+
+// Device memory for a __device__ variable (never freed): the thousands that torch's libraries
+// register as they load are carved, 256-byte aligned, out of shared 2 MiB device mappings, so
+// that they take a few mappings rather than two each.
+void* mapSymbol(size_t size, void** view) {
+  constexpr size_t kArena = size_t(2) << 20;
+  static char* arena = nullptr;
+  static char* arena_view = nullptr;
+  static size_t left = 0;
+  const size_t need = ((size == 0 ? 1 : size) + 255) & ~size_t(255);
+  if (need > kArena / 4) return mapDevice(size, view);
+  if (need > left) {
+    void* v = nullptr;
+    void* p = mapDevice(kArena, &v);
+    if (p == nullptr) return nullptr;
+    arena = static_cast<char*>(p);
+    arena_view = static_cast<char*>(v);
+    left = kArena;
+  }
+  void* p = arena;
+  *view = arena_view;
+  arena += need;
+  arena_view += need;
+  left -= need;
+  return p;
+}
+
+void unmapDevice(const Allocation& a) {
+  const size_t len = pageRound(a.size);
+  munmap(reinterpret_cast<void*>(a.base), len);
+  munmap(reinterpret_cast<void*>(a.view), len);
+}
+
 // A copy or memset, submitted to `stream`: a capture node, or queued work.
 cudaError_t submit(CUstream_st* s, NodeData n, const char* call, bool host_sync,
                    const void* pageable_src) {
@@ -152,7 +226,7 @@ cudaError_t copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, siz
   cudaError_t e = checkSide(dst, dext, dst_dev, call, "the destination");
   if (e == cudaSuccess) e = checkSide(src, sext, src_dev, call, "the source");
   if (e != cudaSuccess) return e;
-  CUstream_st* s = sync ? legacyStream() : resolveStream(stream);
+  CUstream_st* s = sync ? legacyStream() : resolveStream(stream, call);
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "%s: unknown stream %s", call, hex(stream).c_str());
   NodeData n;
@@ -179,7 +253,7 @@ cudaError_t memset2D(void* p, unsigned value, unsigned elem, size_t width, size_
   if (width == 0 || height == 0) return cudaSuccess;
   cudaError_t e = checkSide(p, (height - 1) * pitch + width * elem, true, call, "the destination");
   if (e != cudaSuccess) return e;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, call);
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "%s: unknown stream %s", call, hex(stream).c_str());
   NodeData n;
@@ -223,8 +297,14 @@ bool isPinned(const void* p, size_t n) {
   return a != nullptr && !isDeviceKind(a->kind) && inside(p, n, a);
 }
 
-void registerAllocation(uintptr_t base, size_t size, MemKind kind) {
-  allocations()[base] = Allocation{base, size, kind};
+void registerAllocation(uintptr_t base, size_t size, MemKind kind, uintptr_t view) {
+  allocations()[base] = Allocation{base, size, kind, view != 0 ? view : base};
+}
+
+void* hostView(const void* p) {
+  const Allocation* a = findAllocation(p);
+  if (a == nullptr) return const_cast<void*>(p);
+  return reinterpret_cast<void*>(a->view + (reinterpret_cast<uintptr_t>(p) - a->base));
 }
 
 void unregisterAllocation(uintptr_t base) {
@@ -272,9 +352,10 @@ void executeNode(const NodeData& n, const char* where) {
                     n.name.c_str(), hex(n.src).c_str(), sext);
         return;
       }
+      char* dst = static_cast<char*>(hostView(n.dst));
+      const char* src = static_cast<const char*>(hostView(n.src));
       for (size_t r = 0; r < n.height; ++r) {
-        std::memmove(static_cast<char*>(n.dst) + r * n.dpitch,
-                     static_cast<const char*>(n.src) + r * n.spitch, n.width);
+        std::memmove(dst + r * n.dpitch, src + r * n.spitch, n.width);
       }
       stats().copies++;
       return;
@@ -286,8 +367,9 @@ void executeNode(const NodeData& n, const char* where) {
                     hex(n.dst).c_str(), ext);
         return;
       }
+      char* dst = static_cast<char*>(hostView(n.dst));
       for (size_t r = 0; r < n.height; ++r) {
-        char* row = static_cast<char*>(n.dst) + r * n.dpitch;
+        char* row = dst + r * n.dpitch;
         if (n.elem == 1) {
           std::memset(row, static_cast<int>(n.value & 0xFF), n.width);
         } else if (n.elem == 2) {
@@ -335,13 +417,15 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
                 "cudaMalloc(%zu): out of memory (%lld of %zu bytes in use)", size,
                 (long long)stats().bytes_in_use, config().capacity);
   }
-  void* p = allocateHost(rounded);
+  void* view = nullptr;
+  void* p = mapDevice(rounded, &view);
   if (p == nullptr) {
     releaseDeviceBytes(rounded);
     return fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu): the host is out of memory", size);
   }
-  poison(p, rounded);
-  registerAllocation(reinterpret_cast<uintptr_t>(p), rounded, MemKind::kDevice);
+  poison(view, rounded);
+  registerAllocation(reinterpret_cast<uintptr_t>(p), rounded, MemKind::kDevice,
+                     reinterpret_cast<uintptr_t>(view));
   stats().mallocs++;
   *devPtr = p;
   trace("cudaMalloc(%zu) = %p", size, p);
@@ -360,10 +444,10 @@ cudaError_t cudaFree(void* devPtr) {
                 hex(devPtr).c_str());
   }
   runAll();  // cudaFree waits for the device
-  const size_t size = a->size;
-  unregisterAllocation(a->base);
-  releaseDeviceBytes(size);
-  std::free(devPtr);
+  const Allocation gone = *a;
+  unregisterAllocation(gone.base);
+  releaseDeviceBytes(gone.size);
+  unmapDevice(gone);
   stats().frees++;
   trace("cudaFree(%p)", devPtr);
   return cudaSuccess;
@@ -518,10 +602,12 @@ void __cudaRegisterVar(void** /*fatCubinHandle*/, char* hostVar, char* /*deviceA
                        const char* /*deviceName*/, int /*ext*/, size_t size, int /*constant*/,
                        int /*global*/) {
   Lock lock;
-  void* p = allocateHost(size);
+  void* view = nullptr;
+  void* p = mapSymbol(size, &view);
   if (p == nullptr) return;
-  std::memcpy(p, hostVar, size);  // the shadow holds the variable's initial value
-  registerAllocation(reinterpret_cast<uintptr_t>(p), size == 0 ? 1 : size, MemKind::kSymbol);
+  std::memcpy(view, hostVar, size);  // the shadow holds the variable's initial value
+  registerAllocation(reinterpret_cast<uintptr_t>(p), size == 0 ? 1 : size, MemKind::kSymbol,
+                     reinterpret_cast<uintptr_t>(view));
   symbols()[hostVar] = {p, size};
 }
 
@@ -564,7 +650,7 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* memPool, int device) {
 cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
   {
     Lock lock;
-    CUstream_st* s = resolveStream(hStream);
+    CUstream_st* s = resolveStream(hStream, "cudaMallocAsync");
     if (s == nullptr)
       return fail(cudaErrorInvalidResourceHandle, "cudaMallocAsync: unknown stream");
     if (s->capture != nullptr) {
@@ -582,9 +668,15 @@ cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
   if (!reserveDeviceBytes(rounded)) {
     return fail(cudaErrorMemoryAllocation, "cudaMallocAsync(%zu): out of memory", size);
   }
-  void* p = allocateHost(rounded);
-  poison(p, rounded);
-  registerAllocation(reinterpret_cast<uintptr_t>(p), rounded, MemKind::kDevice);
+  void* view = nullptr;
+  void* p = mapDevice(rounded, &view);
+  if (p == nullptr) {
+    releaseDeviceBytes(rounded);
+    return fail(cudaErrorMemoryAllocation, "cudaMallocAsync(%zu): the host is out of memory", size);
+  }
+  poison(view, rounded);
+  registerAllocation(reinterpret_cast<uintptr_t>(p), rounded, MemKind::kDevice,
+                     reinterpret_cast<uintptr_t>(view));
   asyncAllocations()[reinterpret_cast<uintptr_t>(p)] = rounded;
   size_t used = 0;
   for (auto& kv : asyncAllocations()) used += kv.second;
@@ -597,7 +689,7 @@ cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
 cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
   Lock lock;
   if (devPtr == nullptr) return cudaSuccess;
-  CUstream_st* s = resolveStream(hStream);
+  CUstream_st* s = resolveStream(hStream, "cudaFreeAsync");
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle, "cudaFreeAsync: unknown stream");
   if (s->capture != nullptr) {
     return fail(cudaErrorNotSupported, "cudaFreeAsync inside a stream capture is not modelled");
@@ -607,10 +699,11 @@ cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
     return fail(cudaErrorInvalidValue, "cudaFreeAsync(%s): not a cudaMallocAsync allocation",
                 hex(devPtr).c_str());
   runStream(s);  // freed once the stream's earlier work is done
+  const Allocation gone = *findAllocation(devPtr);
   releaseDeviceBytes(it->second);
   unregisterAllocation(it->first);
   asyncAllocations().erase(it);
-  std::free(devPtr);
+  unmapDevice(gone);
   stats().frees++;
   return cudaSuccess;
 }

@@ -5,8 +5,10 @@
 // runs its real CUDACachingAllocator, CUDAGraph and generators, and graphtrees' CUDA backend on
 // them. It is a test tool: nothing of it ships with graphtrees. README.md in this folder says how
 // it is built and run; each area's semantics are in a Note of its own file:
-//   Note [Stand-in memory]            memory.cpp   host memory under a capacity, poisoned
+//   Note [Stand-in memory]            memory.cpp   host memory under a capacity, poisoned, that
+//                                                  host code cannot touch
 //   Note [Stand-in streams]           streams.cpp  queues, events, eager and deferred execution
+//   Note [Stand-in handles]           state.cpp    a destroyed or unknown handle ends the process
 //   Note [Stand-in captures]          capture.cpp  stream capture, its modes and its errors
 //   Note [Stand-in graphs]            capture.cpp  graphs, replays, user objects
 //   Note [Stand-in kernels]           kernels.cpp  registration and launches, never executed
@@ -40,6 +42,12 @@ struct Config {
   bool deferred;    // CUDA_STANDIN_DEFERRED=1: streams run at synchronisation points
   bool trace;       // CUDA_STANDIN_TRACE=1: every modelled call on stderr
   bool quiet;       // CUDA_STANDIN_QUIET=1: no error reports on stderr
+  // CUDA_STANDIN_HOST_ACCESS=1 (debugging): host code may read and write device memory; by
+  // default it faults as on a GPU (Note [Stand-in memory]).
+  bool host_access;
+  // CUDA_STANDIN_HANDLE_ERRORS=1 (debugging): a destroyed or unknown handle fails the call; by
+  // default it ends the process (Note [Stand-in handles]).
+  bool handle_errors;
 };
 Config& config();
 
@@ -71,12 +79,25 @@ const char* errorName(cudaError_t e);
 const char* errorString(cudaError_t e);
 StandinStats& stats();
 
+// ---- handles ---------------------------------------------------------------------------------
+enum class HandleKind { kStream, kEvent, kGraph, kGraphExec };
+// Records that `handle` was destroyed by `by` (a handle is never freed, so never reused).
+void retireHandle(const void* handle, HandleKind kind, const char* by);
+// `call` was given a handle of `kind` that is not live: ends the process naming the call, the
+// handle and whether it was destroyed or never created (Note [Stand-in handles]); returns only
+// with CUDA_STANDIN_HANDLE_ERRORS=1, after reporting it, for the call to fail.
+void badHandle(const char* call, HandleKind kind, const void* handle);
+
 // ---- memory ----------------------------------------------------------------------------------
 enum class MemKind { kDevice, kSymbol, kMapped, kPinned, kRegistered };
 struct Allocation {
   uintptr_t base = 0;
   size_t size = 0;
   MemKind kind = MemKind::kDevice;
+  // Where the stand-in itself reads and writes the allocation's bytes: a second mapping of the
+  // same pages for device memory (whose own addresses the host cannot touch), base for host
+  // memory (Note [Stand-in memory]).
+  uintptr_t view = 0;
 };
 // The live allocation that contains address p, or nullptr (callers check the extent).
 const Allocation* findAllocation(const void* p);
@@ -92,7 +113,11 @@ void fillProperties(cudaDeviceProp* p);
 bool deviceAttribute(int attr, int* value);
 int currentDevice();
 cudaError_t memsetD32(void* p, unsigned value, size_t count, cudaStream_t stream, const char* call);
-void registerAllocation(uintptr_t base, size_t size, MemKind kind);
+// `view`: the stand-in's own address of the bytes at `base` (0: base itself).
+void registerAllocation(uintptr_t base, size_t size, MemKind kind, uintptr_t view = 0);
+// The address at which the stand-in moves the bytes at p: p's place in its allocation's view,
+// or p itself (host memory the stand-in does not know).
+void* hostView(const void* p);
 void unregisterAllocation(uintptr_t base);
 // Bytes of device memory in use, counted against the capacity; reserve() fails past it.
 bool reserveDeviceBytes(size_t n);
@@ -144,9 +169,9 @@ struct CUevent_st {
 namespace standin {
 
 CUstream_st* legacyStream();
-// Resolves a handle (0, cudaStreamLegacy, cudaStreamPerThread or a created stream); nullptr
-// for a destroyed or unknown one.
-CUstream_st* resolveStream(cudaStream_t s);
+// Resolves a handle (0, cudaStreamLegacy, cudaStreamPerThread or a created stream) that `call`
+// was given; a destroyed or unknown one is badHandle(), and nullptr if that returns.
+CUstream_st* resolveStream(cudaStream_t s, const char* call);
 // Adds `op` to the stream's queue with the stream's implicit dependencies (the legacy stream's
 // synchronisation with blocking streams); in eager mode it runs at once. Returns its seq.
 uint64_t enqueue(CUstream_st* s, const char* what, std::function<void()> run,

@@ -41,6 +41,13 @@ FLAGS = [
     "-Wno-unused-parameter",
     "-fvisibility=default",
 ]
+# The real CUDA libraries need only the C library (libc, libm, libdl, libpthread, librt): the
+# stand-in's carry their own C++ runtime, hidden, so that preloading them puts no libstdc++.so.6
+# or libgcc_s.so.1 in the process-wide lookup scope. One there would hide what a private C++
+# runtime inside an extension does beside the process's own (the first GPU run's crash: an
+# extension's static libstdc++ copy, whose locale broke only where no preloaded library bound it
+# to the process's): tests/test_standin.py checks their NEEDED entries.
+LINK_FLAGS = ["-static-libstdc++", "-static-libgcc", "-Wl,--exclude-libs,ALL"]
 # The libraries, in the order LD_PRELOAD names them.
 LIBRARIES = [
     "libcudart.so.13",
@@ -88,7 +95,7 @@ def _stamp(inc, cxx):
     for name in sorted(RUNTIME_SOURCES + HEADERS + ["cublas.cpp", "nvml.cpp", "nvrtc.cpp"]):
         with open(os.path.join(HERE, name), "rb") as f:
             h.update(name.encode() + b"\0" + f.read())
-    h.update(" ".join(FLAGS + [inc, cxx]).encode())
+    h.update(" ".join(FLAGS + LINK_FLAGS + [inc, cxx]).encode())
     return h.hexdigest()
 
 
@@ -120,7 +127,7 @@ def build(out=DEFAULT_OUT, verbose=True):
         print(f"[cuda stand-in] building into {out} against {inc}", file=sys.stderr, flush=True)
 
     def cc(args):
-        cmd = [cxx, *FLAGS, f"-I{inc}", f"-I{HERE}", *args]
+        cmd = [cxx, *FLAGS, f"-I{inc}", f"-I{HERE}", *args, *LINK_FLAGS]
         r = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env())
         if r.returncode != 0:
             raise RuntimeError(
@@ -154,6 +161,7 @@ def build(out=DEFAULT_OUT, verbose=True):
             "-Wl,--no-as-needed",
             f"-L{out}",
             "-l:libcudart.so.13",
+            "-Wl,--as-needed",
             rpath,
         ]
     )
@@ -175,6 +183,7 @@ def build(out=DEFAULT_OUT, verbose=True):
                 "-Wl,--no-as-needed",
                 f"-L{out}",
                 "-l:libcudart.so.13",
+                "-Wl,--as-needed",
                 rpath,
             ]
         )
@@ -221,6 +230,7 @@ def environment(out=DEFAULT_OUT, base=None):
         # The images the stand-in's NVRTC makes stay beside it, out of torch's kernel cache.
         PYTORCH_KERNEL_CACHE_PATH=os.path.join(out, "kernel-cache"),
         CUDA_STANDIN="1",
+        CUDA_STANDIN_DIR=out,  # where the libraries are (tests read their NEEDED entries)
     )
     return base
 
@@ -344,6 +354,7 @@ def main(argv):
             "TRITON_LIBCUDA_PATH",
             "TRITON_CACHE_DIR",
             "CUDA_STANDIN",
+            "CUDA_STANDIN_DIR",
         ):
             print(f"export {k}={env[k]}")
         return 0

@@ -20,6 +20,19 @@
 // does not model (a conditional node, a child graph launched into a capture, IPC, a second
 // device) fails with cudaErrorNotSupported and a report on stderr naming the call -- never a
 // silent success. A device attribute it has no value for is cudaErrorInvalidValue, reported.
+//
+// Note [Stand-in handles]
+// A stream, event, graph or executable graph handle is a pointer into the driver, and a real
+// driver may crash on one that was destroyed (or on garbage), or silently act on whatever object
+// took its place. The stand-in never frees a handle's object, so an address is never reused,
+// and remembers what destroyed it: a call given a destroyed handle -- or one it never created
+// (not a live handle, not retired, not one of the special streams 0, cudaStreamLegacy and
+// cudaStreamPerThread) -- ends the process with abort(), naming the call, the handle and which
+// of the two it is, on stderr (even when CUDA_STANDIN_QUIET=1). A null event, graph or
+// executable graph is an argument the driver checks: cudaErrorInvalidValue or
+// cudaErrorInvalidResourceHandle, as before. CUDA_STANDIN_HANDLE_ERRORS=1 (for debugging) turns
+// the end of the process into a report and the error the call returned before
+// (cudaErrorInvalidResourceHandle for streams and events, cudaErrorInvalidValue for graphs).
 
 namespace standin {
 
@@ -102,6 +115,8 @@ Config& config() {
     cfg->deferred = flag("CUDA_STANDIN_DEFERRED");
     cfg->trace = flag("CUDA_STANDIN_TRACE");
     cfg->quiet = flag("CUDA_STANDIN_QUIET");
+    cfg->host_access = flag("CUDA_STANDIN_HOST_ACCESS");
+    cfg->handle_errors = flag("CUDA_STANDIN_HANDLE_ERRORS");
     return cfg;
   }();
   return *c;
@@ -183,6 +198,60 @@ cudaError_t injectedFailure(const char* call) {
 StandinStats& stats() {
   static auto* s = new StandinStats();
   return *s;
+}
+
+namespace {
+std::map<const void*, std::pair<HandleKind, const char*>>& retired() {
+  static auto* m = new std::map<const void*, std::pair<HandleKind, const char*>>();
+  return *m;
+}
+const char* handleKindName(HandleKind k) {
+  switch (k) {
+    case HandleKind::kStream:
+      return "stream";
+    case HandleKind::kEvent:
+      return "event";
+    case HandleKind::kGraph:
+      return "graph";
+    case HandleKind::kGraphExec:
+      return "executable graph";
+  }
+  return "handle";
+}
+}  // namespace
+
+void retireHandle(const void* handle, HandleKind kind, const char* by) {
+  Lock lock;
+  retired()[handle] = {kind, by};
+}
+
+void badHandle(const char* call, HandleKind kind, const void* handle) {
+  char what[512];
+  {
+    Lock lock;
+    auto it = retired().find(handle);
+    if (it == retired().end()) {
+      std::snprintf(what, sizeof(what), "%s %p was never created: an unknown handle",
+                    handleKindName(kind), handle);
+    } else if (it->second.first != kind) {
+      std::snprintf(what, sizeof(what), "%s %p is a %s, destroyed by %s: a stale handle",
+                    handleKindName(kind), handle, handleKindName(it->second.first),
+                    it->second.second);
+    } else {
+      std::snprintf(what, sizeof(what), "%s %p was destroyed by %s: a stale handle",
+                    handleKindName(kind), handle, it->second.second);
+    }
+  }
+  if (config().handle_errors) {
+    fail(cudaErrorInvalidResourceHandle, "%s: %s", call, what);
+    return;
+  }
+  std::fprintf(stderr,
+               "[cuda stand-in] %s: %s, on which a driver may crash; the stand-in ends the "
+               "process (CUDA_STANDIN_HANDLE_ERRORS=1 makes it an error instead)\n",
+               call, what);
+  std::fflush(stderr);
+  std::abort();
 }
 
 std::string hex(const void* p) {

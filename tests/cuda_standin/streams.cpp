@@ -53,6 +53,14 @@ bool pending(const CUstream_st* s) {
   return s->queue_head < s->queue.size();
 }
 
+// Whether `call` was given a live event; a null one is an error the caller reports, any other
+// is badHandle() (Note [Stand-in handles]).
+bool liveEvent(cudaEvent_t e, const char* call) {
+  if (liveEvents().count(e)) return true;
+  if (e != nullptr) badHandle(call, HandleKind::kEvent, e);
+  return false;
+}
+
 bool eventComplete(const CUevent_st* e) {
   return e->stream == nullptr || e->stream->done_seq >= e->seq;
 }
@@ -73,7 +81,7 @@ CUstream_st* legacyStream() {
   return s;
 }
 
-CUstream_st* resolveStream(cudaStream_t h) {
+CUstream_st* resolveStream(cudaStream_t h, const char* call) {
   if (h == nullptr || h == cudaStreamLegacy) return legacyStream();
   if (h == cudaStreamPerThread) {
     if (per_thread_stream == nullptr) {
@@ -82,7 +90,9 @@ CUstream_st* resolveStream(cudaStream_t h) {
     }
     return per_thread_stream;
   }
-  return liveStreams().count(h) ? h : nullptr;
+  if (liveStreams().count(h)) return h;
+  badHandle(call, HandleKind::kStream, h);
+  return nullptr;
 }
 
 uint64_t enqueue(CUstream_st* s, const char* what, std::function<void()> run,
@@ -156,7 +166,7 @@ cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   Lock lock;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaStreamDestroy");
   if (s == nullptr || s->legacy || s->per_thread) {
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(%s): not a created stream",
                 hex(stream).c_str());
@@ -168,12 +178,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   runStream(s);  // its work still completes
   s->alive = false;
   liveStreams().erase(s);
+  retireHandle(s, HandleKind::kStream, "cudaStreamDestroy");
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamGetPriority(cudaStream_t hStream, int* priority) {
   Lock lock;
-  CUstream_st* s = resolveStream(hStream);
+  CUstream_st* s = resolveStream(hStream, "cudaStreamGetPriority");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamGetPriority: unknown stream");
   *priority = s->priority;
@@ -182,7 +193,7 @@ cudaError_t cudaStreamGetPriority(cudaStream_t hStream, int* priority) {
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   Lock lock;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaStreamQuery");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery(%s): unknown stream",
                 hex(stream).c_str());
@@ -203,7 +214,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Lock lock;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaStreamSynchronize");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize(%s): unknown stream",
                 hex(stream).c_str());
@@ -236,7 +247,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback,
                                   void* userData, unsigned int /*flags*/) {
   Lock lock;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaStreamAddCallback");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamAddCallback: unknown stream");
   if (s->capture != nullptr) {
@@ -250,7 +261,7 @@ cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t call
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
   Lock lock;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaLaunchHostFunc");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaLaunchHostFunc: unknown stream");
   bool captured = false;
@@ -287,20 +298,21 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   Lock lock;
-  if (!liveEvents().count(event))
+  if (!liveEvent(event, "cudaEventDestroy"))
     return fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy(%s): unknown event",
                 hex(event).c_str());
   event->alive = false;
   liveEvents().erase(event);
+  retireHandle(event, HandleKind::kEvent, "cudaEventDestroy");
   return cudaSuccess;
 }
 
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags) {
   Lock lock;
-  if (!liveEvents().count(event))
+  if (!liveEvent(event, "cudaEventRecord"))
     return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord(%s): unknown event",
                 hex(event).c_str());
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaEventRecord");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: unknown stream %s",
                 hex(stream).c_str());
@@ -335,7 +347,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   Lock lock;
-  if (!liveEvents().count(event))
+  if (!liveEvent(event, "cudaEventQuery"))
     return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery(%s): unknown event",
                 hex(event).c_str());
   if (Capture* c = activeCaptureOf(event)) {
@@ -354,7 +366,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   Lock lock;
-  if (!liveEvents().count(event))
+  if (!liveEvent(event, "cudaEventSynchronize"))
     return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize(%s): unknown event",
                 hex(event).c_str());
   if (Capture* c = activeCaptureOf(event)) {
@@ -371,7 +383,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   Lock lock;
   if (ms == nullptr) return setError(cudaErrorInvalidValue);
-  if (!liveEvents().count(start) || !liveEvents().count(end))
+  if (!liveEvent(start, "cudaEventElapsedTime") || !liveEvent(end, "cudaEventElapsedTime"))
     return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: unknown event");
   if ((start->flags | end->flags) & cudaEventDisableTiming) {
     return fail(cudaErrorInvalidResourceHandle,
@@ -386,11 +398,11 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   Lock lock;
-  CUstream_st* s = resolveStream(stream);
+  CUstream_st* s = resolveStream(stream, "cudaStreamWaitEvent");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: unknown stream %s",
                 hex(stream).c_str());
-  if (!liveEvents().count(event))
+  if (!liveEvent(event, "cudaStreamWaitEvent"))
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: unknown event %s",
                 hex(event).c_str());
   if (Capture* c = activeCaptureOf(event)) {
