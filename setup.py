@@ -7,19 +7,19 @@ Environment switches (read once, printed at build time):
   GRAPHTREES_EXTRA_CFLAGS="..."   more compile and link flags (e.g. "-g", or
                     "-fsanitize=address,undefined"); each set of flags builds in its own folder
   MAX_JOBS=N        parallel compile jobs (ninja)
-
-Note [The process's C++ runtime]
-The extension must use the C++ standard library the process has loaded (torch's libstdc++.so.6),
-never a copy of its own: a compiler that links libstdc++ statically (a GCC installed under /opt,
-a conda or cluster-module toolchain) gives _C.so a private copy of the locale and stream code, and
-in a process whose libstdc++.so.6 is another version, its facet numbering disagrees with the
-process's and the first number it formats reads a wrong facet (the first GPU run's crash,
-../shared/reference/gpu-run-2026-12-04.md). So the link line names the runtime that a torch
-process loads (found in /proc/self/maps after `import torch`) explicitly: symbols bind to it
-before any static archive the compiler adds. After linking, the build fails with the reason if
-_C.so still defines locale or stream code itself (nm -D --defined-only), and
-graphtrees/_ext.py checks the same at import, without formatting anything.
 """
+
+# Note [The process's C++ runtime]
+# The extension must use the C++ standard library the process has loaded (torch's libstdc++.so.6),
+# never a copy of its own: a compiler that links libstdc++ statically (a GCC installed under /opt,
+# a conda or cluster-module toolchain) gives _C.so a private copy of the locale and stream code, and
+# in a process whose libstdc++.so.6 is another version, its facet numbering disagrees with the
+# process's and the first number it formats reads a wrong facet (the first GPU run's crash,
+# ../shared/reference/gpu-run-2026-12-04.md). So the link line names the runtime that a torch
+# process loads (found in /proc/self/maps after `import torch`) explicitly: symbols bind to it
+# before any static archive the compiler adds. After linking, the build fails with the reason if
+# _C.so still defines locale or stream code itself (nm -D --defined-only), and
+# graphtrees/_ext.py checks the same at import, without formatting anything.
 
 import glob
 import hashlib
@@ -165,8 +165,8 @@ class IncrementalBuildExtension(BuildExtension):
                 f"graphtrees build: {os.path.basename(so_path)} defines {len(private)} symbols of "
                 f"the C++ standard library's locale/stream code itself (e.g. {private[0]}): "
                 f"the link driver {LINKER} linked a private copy of "
-                "libstdc++, which crashes inside a torch process (Note [The process's C++ "
-                "runtime] in setup.py). Build with a compiler that links libstdc++.so.6 "
+                "libstdc++, which crashes inside a torch process (the Note on the process's "
+                "C++ runtime in setup.py). Build with a compiler that links libstdc++.so.6 "
                 "dynamically (e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc)."
             )
         needed = [

@@ -298,11 +298,9 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
     if (std::find(path_.begin(), path_.end(), v) != path_.end()) return false;
   }
   for (TreeNode* v : victims) {
-    const std::string name = v->functionName();
-    const int64_t id = v->id();
+    GRAPHTREES_LOG(LogLevel::kInfo, "evicted node " + std::to_string(v->id()) + " ('" +
+                                        v->functionName() + "'): " + why);
     removeNode(v, "its recording was evicted: " + why);
-    GRAPHTREES_LOG(LogLevel::kInfo,
-                   "evicted node " + std::to_string(id) + " ('" + name + "'): " + why);
   }
   pinned_by_warmup_function_.erase(function_id);
   counters_.num_evictions++;

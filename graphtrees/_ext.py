@@ -35,7 +35,10 @@ def _check_cxx_runtime() -> None:
 
     if not sys.platform.startswith("linux"):
         return
-    spec = importlib.util.find_spec(__package__ + "._C")
+    try:
+        spec = importlib.util.find_spec(__package__ + "._C")
+    except ImportError:  # the _C import below reports it
+        return
     if spec is None or not spec.origin:  # never built: the _C import reports it
         return
     import torch  # noqa: F401 - loads the process's C++ runtime first, as any real use does

@@ -223,7 +223,11 @@ def _note_references():
         for d in ("csrc", "graphtrees", "tests", "scripts", "benchmarks", "docs")
         for p in pathlib.Path(ROOT, d).rglob("*")
         if p.suffix in (".h", ".cpp", ".py", ".md", ".sh") and p.name != "test_package.py"
-    ] + [pathlib.Path(ROOT, n) for n in ("README.md", "CONTRIBUTING.md") if os.path.exists(n)]
+    ] + [
+        pathlib.Path(ROOT, n)
+        for n in ("README.md", "CONTRIBUTING.md", "setup.py")
+        if os.path.exists(os.path.join(ROOT, n))
+    ]
     for p in paths:
         text = p.read_text(errors="ignore")
         for m in re.finditer(r"^\s*(?://|#)\s*Note \[([^\]]+)\]\s*$", text, re.M):
