@@ -302,62 +302,70 @@ def markdown(res):
         f"# {LABEL}",
         "",
         f"{m['date']}, torch {m['torch']}, {m['device']}, Python {m['python']}. One process; "
-        f"each variant's minimum over {res['overhead']['rounds']} interleaved rounds of "
-        f"{res['overhead']['iters']} calls. Not a GPU run: kernels never execute, so these "
-        "are host-side costs only.",
-        "",
-        "## Cost per call (f = 10 x (x * 1.5 + 1.0) on 64 floats)",
-        "",
-        "| variant | us per call |",
-        "|---|---|",
+        "each variant's minimum over interleaved rounds. Not a GPU run: kernels never execute, "
+        "so these are host-side costs only.",
     ]
-    for k, v in res["overhead"]["us_per_call"].items():
-        lines.append(f"| {k} | {v} |")
-    b = res["overhead"]["bookkeeping_above_dynamo_aot_us"]
-    lines += [
-        "",
-        f"Above the dynamo + AOTAutograd floor: graphtrees {b['graphtrees']} us, PyTorch's trees "
-        f"{b['pytorch_trees']} us per call ({res['overhead']['ratio_pytorch_over_graphtrees']}x).",
-        "",
-        '## Drop-in: torch.compile(mode="reduce-overhead"), PyTorch\'s trees against '
-        "graphtrees.install()",
-        "",
-        f"us per call (minimum over {res['dropin']['rounds']} interleaved rounds of "
-        f"{res['dropin']['iters']} calls) and private pool MiB after six calls.",
-        "",
-        "| function | PyTorch's trees us | graphtrees us | ratio | PyTorch's trees pool MiB "
-        "| graphtrees pool MiB | graphtrees nodes |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    if res["dropin"].get("skipped"):
-        lines.append(f"| skipped: {res['dropin']['skipped']} | | | | | | |")
-    for r in res["dropin"]["rows"]:
-        lines.append(
-            f"| {r['function']} | {r['pytorch_trees_us']} | {r['graphtrees_us']} | "
-            f"{r['ratio']}x | {r['pytorch_trees_pool_mib']} | {r['graphtrees_pool_mib']} | "
-            f"{r['graphtrees_nodes']} |"
-        )
-    lines += [
-        "",
-        "## Pool memory for K sibling branches after one prefix (4 MiB activations)",
-        "",
-        "| K | graphtrees pool MiB | PyTorch's trees pool MiB |",
-        "|---|---|---|",
-    ]
-    for r in res["memory"]:
-        lines.append(
-            f"| {r['branches']} | {r['graphtrees_pool_mib']} | {r['pytorch_trees_pool_mib']} |"
-        )
-    c = res["capture"]
-    lines += [
-        "",
-        "## Capture of 16 buckets, largest first (`wrapped.capture()`)",
-        "",
-        f"{c['recorded']} of {c['buckets']} recorded in {c['total_ms']} ms "
-        f"({c['ms_per_bucket']} ms a bucket); pool {c['pool_mib']} MiB.",
-        "",
-    ]
-    return "\n".join(lines)
+    if "overhead" in res:
+        o = res["overhead"]
+        lines += [
+            "",
+            f"## Cost per call (f = 10 x (x * 1.5 + 1.0) on 64 floats; minimum over "
+            f"{o['rounds']} rounds of {o['iters']} calls)",
+            "",
+            "| variant | us per call |",
+            "|---|---|",
+        ]
+        lines += [f"| {k} | {v} |" for k, v in o["us_per_call"].items()]
+        b = o["bookkeeping_above_dynamo_aot_us"]
+        lines += [
+            "",
+            f"Above the dynamo + AOTAutograd floor: graphtrees {b['graphtrees']} us, PyTorch's "
+            f"trees {b['pytorch_trees']} us per call ({o['ratio_pytorch_over_graphtrees']}x).",
+        ]
+    if "dropin" in res:
+        d = res["dropin"]
+        lines += [
+            "",
+            '## Drop-in: torch.compile(mode="reduce-overhead"), PyTorch\'s trees against '
+            "graphtrees.install()",
+            "",
+            f"us per call (minimum over {d['rounds']} interleaved rounds of {d['iters']} calls) "
+            "and private pool MiB after six calls.",
+            "",
+            "| function | PyTorch's trees us | graphtrees us | ratio | PyTorch's trees pool MiB "
+            "| graphtrees pool MiB | graphtrees nodes |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        if d.get("skipped"):
+            lines.append(f"| skipped: {d['skipped']} | | | | | | |")
+        for r in d["rows"]:
+            lines.append(
+                f"| {r['function']} | {r['pytorch_trees_us']} | {r['graphtrees_us']} | "
+                f"{r['ratio']}x | {r['pytorch_trees_pool_mib']} | {r['graphtrees_pool_mib']} | "
+                f"{r['graphtrees_nodes']} |"
+            )
+    if "memory" in res:
+        lines += [
+            "",
+            "## Pool memory for K sibling branches after one prefix (4 MiB activations)",
+            "",
+            "| K | graphtrees pool MiB | PyTorch's trees pool MiB |",
+            "|---|---|---|",
+        ]
+        for r in res["memory"]:
+            lines.append(
+                f"| {r['branches']} | {r['graphtrees_pool_mib']} | {r['pytorch_trees_pool_mib']} |"
+            )
+    if "capture" in res:
+        c = res["capture"]
+        lines += [
+            "",
+            "## Capture of 16 buckets, largest first (`wrapped.capture()`)",
+            "",
+            f"{c['recorded']} of {c['buckets']} recorded in {c['total_ms']} ms "
+            f"({c['ms_per_bucket']} ms a bucket); pool {c['pool_mib']} MiB.",
+        ]
+    return "\n".join(lines + [""])
 
 
 def main():
@@ -365,7 +373,13 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--sections",
+        default="overhead,dropin,memory,capture",
+        help="comma-separated: overhead, dropin, memory, capture (CI runs overhead alone)",
+    )
     args = p.parse_args()
+    sections = set(args.sections.split(","))
     if current() is None:
         sys.exit("bench_standin.py runs on the CUDA stand-in: see tests/cuda_standin/README.md")
     res = {
@@ -376,13 +390,19 @@ def main():
             "device": torch.cuda.get_device_name(0),
             "python": sys.version.split()[0],
         },
-        "overhead": bench_overhead(args.iters, args.rounds),
-        "dropin": bench_dropin(max(1, args.iters // 4), args.rounds)
-        if graphtrees._policy.hook_available()
-        else {"rows": [], "iters": 0, "rounds": 0, "skipped": "no cudagraph_policy hook"},
-        "memory": bench_memory((1, 2, 4, 8)),
-        "capture": bench_capture(),
     }
+    if "overhead" in sections:
+        res["overhead"] = bench_overhead(args.iters, args.rounds)
+    if "dropin" in sections:
+        res["dropin"] = (
+            bench_dropin(max(1, args.iters // 4), args.rounds)
+            if graphtrees._policy.hook_available()
+            else {"rows": [], "iters": 0, "rounds": 0, "skipped": "no cudagraph_policy hook"}
+        )
+    if "memory" in sections:
+        res["memory"] = bench_memory((1, 2, 4, 8))
+    if "capture" in sections:
+        res["capture"] = bench_capture()
     text = markdown(res)
     print(text)
     if args.out:

@@ -9,7 +9,8 @@
 #     run; tests that need kernel results are skipped there with their reason;
 # and, beside the torch 2.14.1 CPU suite, the sanitizer stage: the extension built with
 # -fsanitize=address,undefined against torch 2.11.0 (2.14.1 when 2.11 is skipped), running the
-# tree's tests (CUDA ones on the stand-in, CPU ones too) with 0 findings allowed.
+# tree's tests (CUDA ones on the stand-in, CPU ones too) with 0 findings allowed; and the host
+# cost per compiled call on the stand-in against PyTorch's trees (benchmarks/bench_standin.py).
 #   GRAPHTREES_SKIP_TORCH211=1   only torch 2.14.1
 #   GRAPHTREES_FULL_TORCH211=1   the whole CPU suite on torch 2.11 too (not only its API-facing files)
 #   GRAPHTREES_SKIP_STANDIN=1    no CUDA stand-in stages
@@ -184,8 +185,16 @@ fi
 # torch 2.14.1: the CPU suite here, and beside it the stand-in's CUDA tests then the sanitizer
 # stage.
 lane_b_214() {
-  local rc=0
+  local rc=0 t
   standin_tests "$PY" "torch 2.14.1" || rc=$?
+  if [[ ${#STANDIN_ENV[@]} -gt 0 ]]; then
+    # The host cost per compiled call against PyTorch's trees (issue 40), printed every run so
+    # that a regression shows the day it lands: a measurement on a loaded machine, not a test.
+    t=$(date +%s)
+    env "${STANDIN_ENV[@]}" "$PY" benchmarks/bench_standin.py --sections overhead --iters 1000 \
+      --rounds 5 < /dev/null | tail -n 13 || rc=$?
+    stamp "host cost on the CUDA stand-in (torch 2.14.1)" "$t"
+  fi
   sanitizer_stage "$SAN_PY" "$SAN_LABEL" || rc=$?
   return $rc
 }
