@@ -289,7 +289,7 @@ def collectives(rank, world_size, steps=6):
 def collectives_in_place_on_a_static_buffer(rank, world_size, steps=6):
     """all_reduce(buffer) in place on a buffer passed through static_argnums: every call, replays
     included, leaves the sum in the caller's buffer, as eager execution does. (On a copied input
-    the in-place collective would reduce graphtrees' private copy: README, "Distributed".)"""
+    the in-place collective would reduce graphtrees' private copy: docs/distributed.md.)"""
     import torch
     import torch.distributed as dist
 

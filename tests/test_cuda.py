@@ -346,7 +346,7 @@ def _double_all_reduce_plus_one(x):
 
 @pytest.mark.needs_kernels("NCCL: its collectives are kernels, run by its own CUDA runtime")
 def test_nccl_all_reduce_is_captured_and_replayed(tmp_path):
-    # README "Distributed": NCCL collectives can be captured; the group exists (and its
+    # docs/distributed.md: NCCL collectives can be captured; the group exists (and its
     # communicator, through device_id) before the recording, and the warmup runs the first one.
     dist = _one_rank_group(tmp_path, "nccl")
     try:

@@ -333,7 +333,7 @@ def test_a_barrier_rejects_the_recording(tmp_path, caplog):
     # torch 2.11's ProcessGroup::barrier keeps the tensor of the latest barrier in a static (until
     # the next barrier): made during the warmup, it sits in the pool untracked for one call, which
     # the per-call pool check would report. The check is off here; the later eager calls' barriers
-    # replace that tensor with one outside the pool (README, "Distributed").
+    # replace that tensor with one outside the pool (docs/distributed.md).
     graphtrees._ext.get_ext()._set_debug_checks(False)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
