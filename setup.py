@@ -18,8 +18,9 @@ Environment switches (read once, printed at build time):
 # ../shared/reference/gpu-run-2026-12-04.md). So the link line names the runtime that a torch
 # process loads (found in /proc/self/maps after `import torch`) explicitly: symbols bind to it
 # before any static archive the compiler adds. After linking, the build fails with the reason if
-# _C.so still defines locale or stream code itself (nm -D --defined-only), and
-# graphtrees/_ext.py checks the same at import, without formatting anything.
+# _C.so still defines standard library code itself (nm -D --defined-only: strong definitions in
+# namespace std or of the C++ ABI), or needs GLIBCXX_ versions the runtime lacks (a compiler
+# newer than the runtime); graphtrees/_ext.py checks at import, without formatting anything.
 
 import glob
 import hashlib
@@ -72,7 +73,7 @@ EXTRA_CFLAGS = shlex.split(os.environ.get("GRAPHTREES_EXTRA_CFLAGS", ""))
 
 # Note [The process's C++ runtime]: the runtime, the compiler and the checks of the built
 # extension live in graphtrees/_toolchain.py (plain Python: loaded here by path, before the
-# package can be imported; the tests and graphtrees.info use the same functions).
+# package can be imported; the tests and scripts/run_tests.sh use the same functions).
 _spec = importlib.util.spec_from_file_location(
     "graphtrees_toolchain", os.path.join(ROOT, "graphtrees", "_toolchain.py")
 )
@@ -105,8 +106,9 @@ def write_built_with(path):
         f"CXX_RUNTIME = {CXX_RUNTIME!r}\n"
     )
     if not os.path.exists(path) or open(path).read() != text:
-        with open(path, "w") as f:
+        with open(path + ".tmp", "w") as f:  # replaced whole: a reader never sees it half written
             f.write(text)
+        os.replace(path + ".tmp", path)
 
 
 write_built_with(BUILT_WITH)
@@ -145,25 +147,24 @@ class IncrementalBuildExtension(BuildExtension):
             f"{CXX_RUNTIME or 'the compiler default (no libstdc++.so.6 loaded by torch)'}",
             flush=True,
         )
-        try:
-            super().build_extension(ext)
-        except Exception:
-            print(
-                "graphtrees build: the build failed (above). If the link names undefined "
-                f"GLIBCXX_/CXXABI_ symbols, the compiler {COMPILER} is newer than the C++ "
-                f"runtime this process loads ({CXX_RUNTIME}): build with a compiler no newer "
-                "than that runtime (e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc), or run with a "
-                "newer libstdc++.so.6.",
-                flush=True,
-            )
-            raise
+        super().build_extension(ext)
         so_path = self.get_ext_fullpath(ext.name)
+        missing = toolchain.runtime_versions_missing(so_path, CXX_RUNTIME)
+        if missing:
+            os.remove(so_path)  # it would fail at import with "version ... not found"
+            raise RuntimeError(
+                f"graphtrees build: {os.path.basename(so_path)} needs {', '.join(missing)} of "
+                f"libstdc++.so.6, which this process's C++ runtime ({CXX_RUNTIME}) does not "
+                f"define: the compiler {COMPILER} is newer than that runtime. Build with a "
+                "compiler no newer than it (e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc), or run "
+                "with a newer libstdc++.so.6."
+            )
         private = toolchain.private_runtime_symbols(so_path)
         if private:
             os.remove(so_path)  # never leave a build that crashes at its first formatted number
             raise RuntimeError(
                 f"graphtrees build: {os.path.basename(so_path)} defines {len(private)} symbols of "
-                f"the C++ standard library's locale/stream code itself (e.g. {private[0]}): "
+                f"the C++ standard library's own code itself (e.g. {private[0]}): "
                 f"the link driver {LINKER} linked a private copy of "
                 "libstdc++, which crashes inside a torch process (the Note on the process's "
                 "C++ runtime in setup.py). Build with a compiler that links libstdc++.so.6 "
@@ -177,9 +178,9 @@ class IncrementalBuildExtension(BuildExtension):
             f"{', '.join(needed) or 'of the process (no NEEDED entry: none referenced)'} "
             "dynamically; "
             + (
-                "nm not found, so its own locale/stream symbols were not checked"
+                "nm not found, so its own standard library symbols were not checked"
                 if private is None
-                else "it defines no locale/stream code of its own"
+                else "it defines no standard library code of its own"
             ),
             flush=True,
         )

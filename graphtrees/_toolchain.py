@@ -17,7 +17,7 @@ def resolve_program(program):
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
         version = out.splitlines()[0] if out else "unknown version"
-    except OSError as e:
+    except (OSError, subprocess.TimeoutExpired) as e:
         version = f"not runnable: {e}"
     return os.path.realpath(path) if os.path.exists(path) else path, version
 
@@ -28,32 +28,70 @@ def process_cxx_runtime():
     try:
         with open("/proc/self/maps") as f:
             for line in f:
-                path = line.split()[-1] if len(line.split()) >= 6 else ""
-                if os.path.basename(path).startswith("libstdc++.so"):
+                fields = line.split(maxsplit=5)  # the path, the sixth field, may hold spaces
+                if len(fields) < 6:
+                    continue
+                path = fields[5].rstrip("\n").removesuffix(" (deleted)")
+                if os.path.basename(path).startswith("libstdc++.so") and os.path.isfile(path):
                     return path
     except OSError:
         pass
     return None
 
 
-# Locale and stream code of the C++ standard library (mangled: std::locale, std::ostream's
-# _M_insert, the num_put/numpunct facets): none of it may be defined in _C.so itself.
-PRIVATE_RUNTIME_SYMBOLS = re.compile(
-    r"^_ZNSt6locale|^_ZNSo9_M_insert|^_ZNKSt7num_put|^_ZNSt8numpunct"
-)
+# The C++ standard library's own code, as a private copy defines it: strong (T, D, B, R) or
+# unique (u) definitions in namespace std (its substitutions: St, So, Si, Sa, Ss, Sd), its
+# typeinfo and vtables, and the C++ ABI's __cxa_/__gxx_ functions. A build that uses the
+# process's libstdc++.so.6 defines none: what it instantiates from the headers is weak (W, V).
+PRIVATE_RUNTIME_TYPES = frozenset("TDBRu")
+PRIVATE_RUNTIME_SYMBOLS = re.compile(r"^(_ZN?K?S[toiasd]|_ZT[VIS]N?S[toiasd]|__cxa_|__gxx_)")
 
 
 def private_runtime_symbols(so_path):
-    """The standard library's locale/stream symbols that `so_path` defines itself (none in a
-    build that uses the process's libstdc++.so.6), or None when nm is unavailable."""
+    """The standard library's symbols that `so_path` defines itself (none in a build that uses
+    the process's libstdc++.so.6), or None when nm is unavailable or fails."""
     nm = shutil.which("nm")
     if nm is None:
         return None
-    out = subprocess.run(
-        [nm, "-D", "--defined-only", so_path], capture_output=True, text=True, check=True
-    ).stdout
-    names = [line.split()[-1] for line in out.splitlines() if line.split()]
-    return [n for n in names if PRIVATE_RUNTIME_SYMBOLS.search(n)]
+    r = subprocess.run([nm, "-D", "--defined-only", so_path], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    found = []
+    for line in r.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[1] in PRIVATE_RUNTIME_TYPES:
+            if PRIVATE_RUNTIME_SYMBOLS.search(fields[2]):
+                found.append(fields[2])
+    return found
+
+
+def _objdump_versions(so_path, section):
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        return None
+    r = subprocess.run([objdump, "-p", so_path], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    return r.stdout.split(section, 1)[1] if section in r.stdout else ""
+
+
+def runtime_versions_missing(so_path, runtime):
+    """The GLIBCXX_/CXXABI_ versions `so_path` needs from libstdc++.so.6 that `runtime` (a
+    libstdc++.so.6 file) does not define: a compiler newer than the runtime links fine and fails
+    at import (`version GLIBCXX_3.4.32 not found`). [] when all are there, None when unknown."""
+    needs = _objdump_versions(so_path, "Version References:")
+    defs = _objdump_versions(runtime, "Version definitions:") if runtime else None
+    if needs is None or defs is None:
+        return None
+    wanted, within = set(), False
+    for line in needs.splitlines():
+        if line.strip().startswith("required from "):
+            within = line.strip().startswith("required from libstdc++.so")
+        elif within and line.split():
+            wanted.add(line.split()[-1])
+    defs = defs.split("Version References:", 1)[0]
+    defined = {line.split()[-1] for line in defs.splitlines() if line.split()}
+    return sorted(v for v in wanted if v not in defined)
 
 
 def needed_libraries(so_path):

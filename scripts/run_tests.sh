@@ -110,10 +110,14 @@ sanitizer_stage() {
     return 0
   fi
   t=$(date +%s)
-  "$PY" scripts/sync_tree.py "$src"
+  "$PY" scripts/sync_tree.py "$src" || return 1
   echo "[run_tests] building graphtrees with $SAN_FLAGS against $label"
   (cd "$src" && GRAPHTREES_EXTRA_CFLAGS="$SAN_FLAGS" "$python" setup.py -q build_ext --inplace) \
     || return 1
+  if ! nm -D "$src"/graphtrees/_C*.so | grep -q __asan_report; then
+    echo "[run_tests] $src/graphtrees/_C*.so is not an AddressSanitizer build"
+    return 1
+  fi
   stamp "sanitizer build ($label)" "$t"
   t=$(date +%s)
   local reports=$src/build/sanitizer-reports
@@ -122,7 +126,7 @@ sanitizer_stage() {
   # its __cxa_throw interceptor finds the real one at start-up (Python itself is C: without it,
   # the first C++ exception torch throws ends the process in a CHECK of the runtime).
   local cxx_runtime libdirs
-  cxx_runtime=$("$python" -c "import torch; print([l.split()[-1] for l in open('/proc/self/maps') if '/libstdc++.so' in l][0])")
+  cxx_runtime=$("$python" -c "import sys, torch; sys.path.insert(0, '$ROOT/graphtrees'); import _toolchain; print(_toolchain.process_cxx_runtime())")
   # dlopen() called through the runtime's interceptor searches the interceptor's paths, not the
   # caller's RUNPATH: cuDNN then cannot find its sub-libraries (SDPA's backend choice asks for
   # its version). The wheel's NVIDIA library folders are named instead, after the stand-in's.

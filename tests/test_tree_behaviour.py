@@ -1006,9 +1006,10 @@ def test_an_output_that_is_its_managed_input_keeps_the_producers_output_valid(de
 
 
 def test_a_quiet_logger_costs_no_message_text(device, caplog):
-    # Note [No formatting nobody reads]: warmups, the recording, replays, a re-recording and a
-    # branch switch build no message while the graphtrees logger emits nothing below WARNING;
-    # at DEBUG the same calls build and emit them.
+    # Note [No formatting nobody reads]: warmups, recordings, replays and branch switches build
+    # no message while the graphtrees logger emits nothing below WARNING; at DEBUG the same calls
+    # build and emit them. (It counts the messages GRAPHTREES_LOG builds: text built outside the
+    # macro and then logged would not show here.)
     ext = graphtrees._ext.get_ext()
 
     def run(tag):
