@@ -114,7 +114,7 @@ sanitizer_stage() {
   echo "[run_tests] building graphtrees with $SAN_FLAGS against $label"
   (cd "$src" && GRAPHTREES_EXTRA_CFLAGS="$SAN_FLAGS" "$python" setup.py -q build_ext --inplace) \
     || return 1
-  if ! nm -D "$src"/graphtrees/_C*.so | grep -q __asan_report; then
+  if [[ $(nm -D "$src"/graphtrees/_C*.so | grep -c __asan_report) == 0 ]]; then
     echo "[run_tests] $src/graphtrees/_C*.so is not an AddressSanitizer build"
     return 1
   fi
