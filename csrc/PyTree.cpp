@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
+#include <functional>
 #include <unordered_map>
 
 namespace graphtrees {
@@ -21,6 +22,32 @@ py::object& flattenHook() {
 py::object& unflattenHook() {
   static auto* hook = new py::object();
   return *hook;
+}
+
+// The bytes of a float or complex of a subclass (numpy's float64, complex128) or of a numpy scalar
+// (its buffer), for the key (Note [Objects in the call signature]); false for other objects.
+bool scalarBytes(PyObject* obj, std::string* bytes) {
+  if (PyFloat_Check(obj)) {
+    const double v = PyFloat_AS_DOUBLE(obj);
+    bytes->assign(reinterpret_cast<const char*>(&v), sizeof(v));
+    return true;
+  }
+  if (PyComplex_Check(obj)) {
+    const Py_complex v = PyComplex_AsCComplex(obj);
+    bytes->assign(reinterpret_cast<const char*>(&v), sizeof(v));
+    return true;
+  }
+  if (std::strncmp(Py_TYPE(obj)->tp_name, "numpy.", 6) != 0 || !PyObject_CheckBuffer(obj)) {
+    return false;
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  bytes->assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  PyBuffer_Release(&view);
+  return true;
 }
 
 // One level of a pytree-registered object or dataclass: (children, context), or None.
@@ -177,7 +204,13 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     appendRaw(key, reinterpret_cast<uintptr_t>(gen.unsafeGetGeneratorImpl()));
     out->generators.push_back(gen);
   } else {
-    const Py_hash_t h = PyObject_Hash(obj);
+    // A float or complex subclass (numpy's float64, complex128) or a numpy scalar hashes by its
+    // bytes: hash() makes 0.0 and -0.0 one value and gives a NaN its address.
+    std::string bits;
+    const Py_hash_t h =
+        scalarBytes(obj, &bits)
+            ? static_cast<Py_hash_t>(std::hash<std::string>()(bits) & 0x3fffffffffffffff)
+            : PyObject_Hash(obj);
     if (h == -1) {
       PyErr_Clear();
       out->unsupported = "an argument of unhashable type '" + typeName(obj) +
@@ -284,30 +317,9 @@ void FlatArgs::rekey() {
   key.resize(structure_bytes);
   key.reserve(structure_bytes + keyed_tensors * 40);
   for (size_t i = 0; i < keyed_tensors; ++i) appendTensorKey(&key, tensors[i], is_static[i] != 0);
-  // The same tensor passed twice (mha(x, x, x)) is recorded with one placeholder, so that the
-  // function sees one tensor as eagerly (`query is key` picks a path): which arguments are the
-  // same tensor is part of the signature.
-  const auto same = [&](size_t i, size_t j) {
-    key.push_back('=');
-    appendRaw(&key, static_cast<uint32_t>(i));
-    appendRaw(&key, static_cast<uint32_t>(j));
-  };
-  if (keyed_tensors <= 8) {
-    for (size_t i = 1; i < keyed_tensors; ++i) {
-      for (size_t j = 0; j < i; ++j) {
-        if (tensors[j].unsafeGetTensorImpl() == tensors[i].unsafeGetTensorImpl()) {
-          same(i, j);
-          break;
-        }
-      }
-    }
-  } else {
-    std::unordered_map<const c10::TensorImpl*, size_t> first;
-    for (size_t i = 0; i < keyed_tensors; ++i) {
-      auto [it, fresh] = first.emplace(tensors[i].unsafeGetTensorImpl(), i);
-      if (!fresh) same(i, it->second);
-    }
-  }
+  // Which arguments are one tensor or share memory is part of the signature (Note [Argument
+  // aliases] in ArgumentAliases.h).
+  aliases.compute(tensors, keyed_tensors, &key);
 }
 
 std::pair<py::tuple, py::dict> rebuildArgs(py::handle args, py::handle kwargs,

@@ -1,0 +1,153 @@
+#include "WriteBack.h"
+
+#include "TreeNode.h"
+
+#include <ATen/ops/equal.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace graphtrees {
+
+namespace {
+
+// The bytes of `t`'s elements as a uint8 tensor over its storage (its strides, one more dim for
+// the bytes of an element): compares NaNs and signed zeros bit for bit.
+at::Tensor bytesOf(const at::Tensor& t) {
+  const int64_t item = static_cast<int64_t>(t.itemsize());
+  TensorMeta m = metaOf(t);
+  m.dtype = c10::ScalarType::Byte;
+  m.conj = m.neg = false;
+  for (auto& s : m.strides) s *= item;
+  m.sizes.push_back(item);
+  m.strides.push_back(1);
+  m.storage_offset *= item;
+  return makeTensor(t.storage(), m);
+}
+
+// Whether the run changed `ran`'s values away from `caller`'s (a write no op shows).
+bool bytesDiffer(const at::Tensor& ran, const at::Tensor& caller) {
+  if (!ran.has_storage() || !caller.has_storage() || ran.numel() == 0) return false;
+  if (!TreeNode::elementsDoNotOverlap(ran) || ran.sizes() != caller.sizes()) return false;
+  return !at::equal(bytesOf(ran), bytesOf(caller));
+}
+
+// "" when input `i` of `callers` can be written back, else why not.
+std::string whyNotWrittenBack(const std::vector<at::Tensor>& callers, int64_t i,
+                              const ArgumentAliases& aliases) {
+  const at::Tensor& t = callers[i];
+  if (!t.has_storage()) return "it has no storage";
+  if (t.requires_grad()) return "it requires grad";
+  if (!TreeNode::elementsDoNotOverlap(t)) return "its elements overlap (an expanded tensor)";
+  if (const int64_t other = aliases.sharesStorageWith(static_cast<size_t>(i)); other >= 0) {
+    return "it shares its memory with input #" + std::to_string(other);
+  }
+  return "";
+}
+
+// Whether the caller can still read `t` outside memory the run writes.
+bool readable(const at::Tensor& t, const WriteBack::Written& written) {
+  if (!t.has_storage()) return true;
+  const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->throw_on_immutable_data_ptr()) return false;  // invalidated: overwritten
+  const auto begin = reinterpret_cast<uintptr_t>(s->data());
+  return !written || !written(begin, begin + s->nbytes());
+}
+
+}  // namespace
+
+std::string WriteBackRefusal::reason(const std::string& advice) const {
+  return InputMutationCheck::reason(
+      input, op,
+      (why.empty() ? std::string()
+                   : ", and the copy cannot be written back into it (" + why + ")") +
+          advice);
+}
+
+WriteBack WriteBack::decide(const InputMutationCheck& mutations,
+                            const std::vector<at::Tensor>& callers,
+                            const std::vector<int64_t>& which, const ArgumentAliases& aliases,
+                            const std::vector<at::Tensor>* ran, WriteBackRefusal* refused) {
+  *refused = WriteBackRefusal();
+  WriteBack out;
+  if (mutations.watchedMutation()) {  // an inference tensor's or a collective's
+    refused->input = mutations.firstMutated(&refused->op);
+    return out;
+  }
+  std::vector<std::string> ops;
+  const std::vector<int64_t> changed = mutations.mutated(&ops);
+  for (size_t k = 0; k < which.size(); ++k) {
+    const int64_t i = which[k];
+    const auto found = std::find(changed.begin(), changed.end(), i);
+    // A metadata op need not move the version counter; either change is a mutation.
+    const bool metadata = mutations.metadataChanged(i);
+    // A write no op shows (ctypes, a raw kernel): the placeholder no longer holds the caller's
+    // values. Only the recording can tell (its run is on a copy).
+    const bool unseen = found == changed.end() && !metadata && ran != nullptr &&
+                        (*ran)[i].unsafeGetTensorImpl() != callers[i].unsafeGetTensorImpl() &&
+                        bytesDiffer((*ran)[i], callers[i]);
+    if (found == changed.end() && !metadata && !unseen) continue;
+    const std::string why =
+        metadata ? "its shape or strides changed in place (squeeze_, t_, resize_, as_strided_)"
+                 : whyNotWrittenBack(callers, i, aliases);
+    if (!why.empty()) {
+      refused->input = i;
+      refused->why = why;
+      if (found != changed.end()) refused->op = ops[found - changed.begin()];
+      return WriteBack();
+    }
+    // The positions of one tensor share a placeholder: written back once.
+    if (aliases.sameAs(static_cast<size_t>(i)) != static_cast<size_t>(i) &&
+        std::find(out.inputs_.begin(), out.inputs_.end(),
+                  static_cast<int64_t>(aliases.sameAs(static_cast<size_t>(i)))) !=
+            out.inputs_.end()) {
+      continue;
+    }
+    out.inputs_.push_back(i);
+    out.positions_.push_back(k);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> WriteBack::sources(const std::vector<int64_t>& copied,
+                                           const std::vector<at::Tensor>& inputs,
+                                           const Written& written) {
+  std::vector<at::Tensor> out;
+  out.reserve(copied.size());
+  for (int64_t i : copied) {
+    const at::Tensor& src = inputs[i];
+    const auto begin = reinterpret_cast<uintptr_t>(src.storage().data());
+    out.push_back(written(begin, begin + src.storage().nbytes()) ? src.clone() : src);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> WriteBack::targets(const std::vector<at::Tensor>& callers,
+                                           const std::vector<at::Tensor>& used,
+                                           const Written& written) {
+  std::vector<at::Tensor> out = callers;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!used[i].is_same(callers[i]) && !readable(callers[i], written)) out[i] = used[i];
+  }
+  return out;
+}
+
+std::vector<at::Tensor> WriteBack::targets(const std::vector<at::Tensor>& callers,
+                                           const std::vector<int64_t>& copied,
+                                           const std::vector<at::Tensor>& used,
+                                           const Written& written) {
+  std::vector<at::Tensor> out = callers;
+  for (size_t k = 0; k < copied.size(); ++k) {
+    const int64_t i = copied[k];
+    if (!used[k].is_same(callers[i]) && !readable(callers[i], written)) out[i] = used[k];
+  }
+  return out;
+}
+
+void WriteBack::apply(const std::vector<at::Tensor>& placeholders,
+                      const std::vector<at::Tensor>& targets) const {
+  for (size_t n = 0; n < inputs_.size(); ++n)
+    targets[inputs_[n]].copy_(placeholders[positions_[n]]);
+}
+
+}  // namespace graphtrees
