@@ -436,12 +436,9 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     // they are returned rather than running the function again, whose side effects (a
     // collective, on one rank only) would happen twice -- unless the run mutated an input, in
     // any way WriteBack can tell (a write through DLPack moves no counter and no op shows it).
-    WriteBackRefusal not_kept;
-    const bool keep =
-        e.ran() &&
-        WriteBack::decide(*mutations, ins, rec->copied, fn.aliases, &rec->inputs, &not_kept)
-            .empty() &&
-        !not_kept.refused();
+    WriteBackRefusal no;
+    const bool keep = e.ran() && !WriteBack::mutatedAny(*mutations, ins, rec->copied, fn.aliases,
+                                                        rec->inputs, &no);
     mutations.reset();
     if (keep && live_.moveResultsOutOfPool(rec->outputs, rec->inputs, rec->copied)) {
       noteFallback(fn, fn.eager_reason);
@@ -526,9 +523,8 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
                                     : std::to_string(raw->writeBack().size()) + " written back, ") +
           std::to_string(raw->slots().size()) + " output blocks, " + bytesString(raw->poolBytes()) +
           " written)");
-  // The recording's mutations of copied inputs reach the caller now that no fallback can follow.
-  // `ins` are the tensors the caller holds: an input a restore invalidated was cloned, and one
-  // on_overwrite="copy" migrated is the caller's own (Note [Copied inputs written back]).
+  // The recording's mutations of copied inputs reach the caller (`ins`: what it holds, Note
+  // [Copied inputs written back]) now that no fallback can follow.
   raw->writeBack().apply(raw->placeholders(), ins);
   // Outputs aliasing an input a restore invalidated alias its clone: Note [The inputs a run uses].
   return {raw->buildOutputs(slot_storages, ins), RunKind::kRecord};
@@ -538,8 +534,8 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
                                const std::vector<at::Tensor>& inputs, const RunFn& run) {
   const c10::Device device = backend_->device();
   const auto& copied = node.copiedInputs();
-  const WriteBack::Written written = [&node](uintptr_t begin, uintptr_t end) {
-    return node.overlapsFootprint(begin, end);
+  const WriteBack::Written written = [&node](uintptr_t b, uintptr_t e) {
+    return node.overlapsFootprint(b, e);
   };
   // Read before anything is written or invalidated (Note [Copied inputs written back]).
   const std::vector<at::Tensor> sources = WriteBack::sources(copied, inputs, written);

@@ -11,25 +11,37 @@ namespace graphtrees {
 
 namespace {
 
-// The bytes of `t`'s elements as a uint8 tensor over its storage (its strides, one more dim for
-// the bytes of an element): compares NaNs and signed zeros bit for bit.
-at::Tensor bytesOf(const at::Tensor& t) {
+// The bytes of `t`'s elements, on the host, as a uint8 tensor with `t`'s strides and one more dim
+// for the bytes of an element: compared bit for bit (NaNs, signed zeros). The range the elements
+// span is copied as one contiguous block (a plain device-to-host copy, which the CUDA stand-in
+// executes too: a device-side comparison is a kernel), then viewed there.
+at::Tensor hostBytes(const at::Tensor& t) {
   const int64_t item = static_cast<int64_t>(t.itemsize());
-  TensorMeta m = metaOf(t);
-  m.dtype = c10::ScalarType::Byte;
-  m.conj = m.neg = false;
-  for (auto& s : m.strides) s *= item;
-  m.sizes.push_back(item);
-  m.strides.push_back(1);
-  m.storage_offset *= item;
-  return makeTensor(t.storage(), m);
+  int64_t span = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
+  TensorMeta range;
+  range.sizes = {span * item};
+  range.strides = {1};
+  range.storage_offset = t.storage_offset() * item;
+  range.dtype = c10::ScalarType::Byte;
+  range.device = t.device();
+  const at::Tensor host = makeTensor(t.storage(), range).to(c10::Device(c10::DeviceType::CPU));
+  std::vector<int64_t> sizes = t.sizes().vec();
+  std::vector<int64_t> strides = t.strides().vec();
+  for (auto& s : strides) s *= item;
+  sizes.push_back(item);
+  strides.push_back(1);
+  return host.as_strided(sizes, strides, host.storage_offset());
 }
 
 // Whether the run changed `ran`'s values away from `caller`'s (a write no op shows).
 bool bytesDiffer(const at::Tensor& ran, const at::Tensor& caller) {
   if (!ran.has_storage() || !caller.has_storage() || ran.numel() == 0) return false;
-  if (!TreeNode::elementsDoNotOverlap(ran) || ran.sizes() != caller.sizes()) return false;
-  return !at::equal(bytesOf(ran), bytesOf(caller));
+  if (!TreeNode::elementsDoNotOverlap(ran) || ran.sizes() != caller.sizes() ||
+      ran.strides() != caller.strides() || ran.itemsize() != caller.itemsize()) {
+    return false;
+  }
+  return !at::equal(hostBytes(ran), hostBytes(caller));
 }
 
 // "" when input `i` of `callers` can be written back, else why not.

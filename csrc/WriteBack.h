@@ -72,6 +72,14 @@ class WriteBack {
                           const ArgumentAliases& aliases, const std::vector<at::Tensor>* ran,
                           WriteBackRefusal* refused);
 
+  // Whether a capture's run mutated any input (decide() with `ran`: to write back or refused).
+  static bool mutatedAny(const InputMutationCheck& mutations,
+                         const std::vector<at::Tensor>& callers, const std::vector<int64_t>& which,
+                         const ArgumentAliases& aliases, const std::vector<at::Tensor>& ran,
+                         WriteBackRefusal* refused) {
+    return !decide(mutations, callers, which, aliases, &ran, refused).empty() || refused->refused();
+  }
+
   bool empty() const { return inputs_.empty(); }
   size_t size() const { return inputs_.size(); }
 

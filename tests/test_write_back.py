@@ -4,7 +4,10 @@ csrc/ArgumentAliases.h). Each test compares with an eager twin and failed before
 
 The write-back tests mutate by copies only (`copy_`, slice assignment, `clone`): copies move bytes
 on the CUDA stand-in too, so they run there, and their values are read through `.cpu()` (a copy)
-rather than assert_close (which compares structure only on the stand-in)."""
+rather than assert_close (which compares structure only on the stand-in). The values a function
+copies from are static inputs updated in place between calls (`refill`): a replay copies its
+copied inputs into their placeholders with one `_foreach_copy_` kernel, which the stand-in does
+not execute."""
 
 import ctypes
 
@@ -30,6 +33,12 @@ def full(n, v, device):
     return torch.full((n,), float(v)).to(device)
 
 
+def refill(t, v):
+    """Sets every element of t to v by a host-to-device copy."""
+    t.copy_(torch.full(t.shape, float(v)))
+    return t
+
+
 # Ops whose kernels write their argument's memory without moving its version counter, as a C++ or
 # Triton kernel registered with torch.library does (vLLM's cache writers, fused in-place norms).
 _lib = torch.library.Library("graphtrees_test39", "DEF")
@@ -38,9 +47,7 @@ _lib.impl("fill_from_", lambda x, y: (x.data.copy_(y), None)[1], "CompositeExpli
 _lib.define("add_one_(Tensor(a!) x) -> ()")
 _lib.impl("add_one_", lambda x: (x.data.add_(1), None)[1], "CompositeExplicitAutograd")
 _lib.define("peek_base(Tensor x) -> Tensor")
-_lib.impl(
-    "peek_base", lambda x: x.as_strided((2,), (1,), 0).clone(), "CompositeExplicitAutograd"
-)
+_lib.impl("peek_base", lambda x: x.as_strided((2,), (1,), 0).clone(), "CompositeExplicitAutograd")
 
 
 # --- 1. the same tensor at a static and a copied position -----------------------------------
@@ -62,10 +69,11 @@ def test_the_same_tensor_at_a_static_and_a_copied_position_is_one_tensor(device,
         (b if mutated == "copied" else a).copy_(y)
         return (a if mutated == "copied" else b).clone()
 
-    g = cudagraphify(f, static_argnums=(0,))
+    g = cudagraphify(f, static_argnums=(0, 2))
     x = full(4, 0, device)
+    y = full(4, 0, device)
     for i in range(5):
-        out = g(x, x, full(4, i + 1, device))
+        out = g(x, x, refill(y, i + 1))
         assert values(out).tolist() == [i + 1.0] * 4
         assert values(x).tolist() == [i + 1.0] * 4
     assert info(device)["num_replays"] == 3
@@ -76,6 +84,7 @@ def test_a_module_buffer_passed_as_an_argument_is_the_buffer(device):
         def __init__(self):
             super().__init__()
             self.register_buffer("buf", torch.zeros(4))
+            self.register_buffer("src", torch.zeros(4))
 
         def forward(self, y, other):
             other.copy_(y)
@@ -84,7 +93,7 @@ def test_a_module_buffer_passed_as_an_argument_is_the_buffer(device):
     m = M().to(device)
     g = cudagraphify(m)
     for i in range(5):
-        out = g(full(4, i + 1, device), m.buf)
+        out = g(refill(m.src, i + 1), m.buf)
         assert values(out).tolist() == [i + 1.0] * 4
         assert values(m.buf).tolist() == [i + 1.0] * 4
     assert info(device)["num_replays"] == 3
@@ -104,10 +113,11 @@ def test_a_mutation_without_a_version_bump_is_written_back(device, how):
             torch.from_dlpack(cache).copy_(y)
         return cache.clone()
 
-    g = cudagraphify(f)
+    g = cudagraphify(f, static_argnums=(1,))
     cache = full(4, 0, device)
+    y = full(4, 0, device)
     for i in range(5):
-        out = g(cache, full(4, i + 1, device))
+        out = g(cache, refill(y, i + 1))
         assert values(cache).tolist() == [i + 1.0] * 4
         assert values(out).tolist() == [i + 1.0] * 4
 
@@ -154,24 +164,23 @@ def test_issue_repro_copy_on_overwrite_keeps_the_mutation_of_a_live_output(devic
 
 @pytest.mark.parametrize("chained", [True, False])
 def test_copy_on_overwrite_writes_back_into_the_callers_migrated_tensor(device, chained):
-    # Each call's input is the previous call's output, kept; the function overwrites it and
-    # returns a copy of its old values, so every kept tensor must end holding the step's value.
+    # Each call's input is the previous call's output, kept; the function overwrites it, so every
+    # kept tensor must end holding its own step's value, whether its memory was reused since (it
+    # was copied out of the pool first) or not.
     def f(h, y):
-        old = h.clone()
         h.copy_(y)
-        return old
+        return y.clone()
 
-    g = cudagraphify(f, on_overwrite="copy")
+    g = cudagraphify(f, on_overwrite="copy", static_argnums=(1,))
     h = full(4, 0, device)
+    y = full(4, 0, device)
     kept = []
     for i in range(8):
         if not chained:
             graphtrees.mark_step_begin()
-        out = g(h, full(4, i + 1, device))
+        out = g(h, refill(y, i + 1))
         kept.append(h)
         h = out
-    # kept[0] is the caller's own tensor; kept[i] was the output of call i - 1, a copy of kept[i - 1]
-    # before call i - 1 overwrote it.
     assert [values(k)[0].item() for k in kept] == [float(i + 1) for i in range(8)]
 
 
