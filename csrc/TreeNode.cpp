@@ -103,7 +103,8 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   // recording is done (unless an output keeps them), and a replay copies into the same address.
   for (size_t k = 0; k < rec.copied.size(); ++k) {
     const auto& ph = rec.inputs[rec.copied[k]];
-    // The same tensor at two positions (FlatArgs::rekey) stays one tensor in every replay.
+    // One placeholder for the positions of one tensor (CopiedInputs::makePlaceholders made them
+    // share it: Note [Argument aliases]) stays one tensor in every replay.
     size_t same = 0;
     while (same < k &&
            rec.inputs[rec.copied[same]].unsafeGetTensorImpl() != ph.unsafeGetTensorImpl()) {
