@@ -534,9 +534,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
                                const std::vector<at::Tensor>& inputs, const RunFn& run) {
   const c10::Device device = backend_->device();
   const auto& copied = node.copiedInputs();
-  const WriteBack::Written written = [&node](uintptr_t b, uintptr_t e) {
-    return node.overlapsFootprint(b, e);
-  };
+  const auto written = [&node](uintptr_t b, uintptr_t e) { return node.overlapsFootprint(b, e); };
   // Read before anything is written or invalidated (Note [Copied inputs written back]).
   const std::vector<at::Tensor> sources = WriteBack::sources(copied, inputs, written);
   pinned_by_node_.erase(node.id());

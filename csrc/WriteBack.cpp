@@ -57,15 +57,6 @@ std::string whyNotWrittenBack(const std::vector<at::Tensor>& callers, int64_t i,
   return "";
 }
 
-// Whether the caller can still read `t` outside memory the run writes.
-bool readable(const at::Tensor& t, const WriteBack::Written& written) {
-  if (!t.has_storage()) return true;
-  const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  if (s->throw_on_immutable_data_ptr()) return false;  // invalidated: overwritten
-  const auto begin = reinterpret_cast<uintptr_t>(s->data());
-  return !written || !written(begin, begin + s->nbytes());
-}
-
 }  // namespace
 
 std::string WriteBackRefusal::reason(const std::string& advice) const {
@@ -117,41 +108,6 @@ WriteBack WriteBack::decide(const InputMutationCheck& mutations,
     }
     out.inputs_.push_back(i);
     out.positions_.push_back(k);
-  }
-  return out;
-}
-
-std::vector<at::Tensor> WriteBack::sources(const std::vector<int64_t>& copied,
-                                           const std::vector<at::Tensor>& inputs,
-                                           const Written& written) {
-  std::vector<at::Tensor> out;
-  out.reserve(copied.size());
-  for (int64_t i : copied) {
-    const at::Tensor& src = inputs[i];
-    const auto begin = reinterpret_cast<uintptr_t>(src.storage().data());
-    out.push_back(written(begin, begin + src.storage().nbytes()) ? src.clone() : src);
-  }
-  return out;
-}
-
-std::vector<at::Tensor> WriteBack::targets(const std::vector<at::Tensor>& callers,
-                                           const std::vector<at::Tensor>& used,
-                                           const Written& written) {
-  std::vector<at::Tensor> out = callers;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (!used[i].is_same(callers[i]) && !readable(callers[i], written)) out[i] = used[i];
-  }
-  return out;
-}
-
-std::vector<at::Tensor> WriteBack::targets(const std::vector<at::Tensor>& callers,
-                                           const std::vector<int64_t>& copied,
-                                           const std::vector<at::Tensor>& used,
-                                           const Written& written) {
-  std::vector<at::Tensor> out = callers;
-  for (size_t k = 0; k < copied.size(); ++k) {
-    const int64_t i = copied[k];
-    if (!used[k].is_same(callers[i]) && !readable(callers[i], written)) out[i] = used[k];
   }
   return out;
 }

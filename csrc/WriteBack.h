@@ -38,7 +38,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,9 +55,6 @@ struct WriteBackRefusal {
 
 class WriteBack {
  public:
-  // Whether [begin, end) is memory the run writes.
-  using Written = std::function<bool(uintptr_t, uintptr_t)>;
-
   WriteBack() = default;
 
   // After a run watched by `mutations` over inputs `which` (flat indices; a capture's copied
@@ -84,24 +80,45 @@ class WriteBack {
   size_t size() const { return inputs_.size(); }
 
   // The values a replay copies into its placeholders, one per copied input `copied[k]`: the
-  // call's tensor, or a clone of it where it lies in memory the replay writes (read before any
-  // of it is written or invalidated).
+  // call's tensor, or a clone of it where it lies in memory the replay writes (`written(begin,
+  // end)`), read before any of it is written or invalidated. Inline: it runs at every replay.
+  template <typename Written>
   static std::vector<at::Tensor> sources(const std::vector<int64_t>& copied,
                                          const std::vector<at::Tensor>& inputs,
-                                         const Written& written);
-  // The tensors the caller holds at each flat input once a run's preparation (a restore, a
-  // replay's invalidations) is done: `callers[i]`, except where `used[i]` is not `callers[i]`
-  // (a clone) and the caller's tensor was invalidated or still lies in memory the run writes;
-  // then the clone, which outputs aliasing the input alias. `written` may be empty (nothing the
-  // run writes can hold an input any more).
-  static std::vector<at::Tensor> targets(const std::vector<at::Tensor>& callers,
-                                         const std::vector<at::Tensor>& used,
-                                         const Written& written);
-  // Same, with `used` given per copied input (the replay's sources).
+                                         const Written& written) {
+    std::vector<at::Tensor> out;
+    out.reserve(copied.size());
+    for (int64_t i : copied) {
+      const at::Tensor& src = inputs[i];
+      const auto begin = reinterpret_cast<uintptr_t>(src.storage().data());
+      out.push_back(written(begin, begin + src.storage().nbytes()) ? src.clone() : src);
+    }
+    return out;
+  }
+  // The tensors the caller holds at each flat input once the replay's invalidations are done:
+  // `callers[i]`, except where the source `used[k]` of copied input `copied[k]` is a clone and
+  // the caller's tensor was invalidated or still lies in memory the replay writes; then the
+  // clone, which the write-back fills and outputs aliasing the input alias. One that
+  // on_overwrite="copy" migrated out of the pool is the caller's again.
+  template <typename Written>
   static std::vector<at::Tensor> targets(const std::vector<at::Tensor>& callers,
                                          const std::vector<int64_t>& copied,
                                          const std::vector<at::Tensor>& used,
-                                         const Written& written);
+                                         const Written& written) {
+    std::vector<at::Tensor> out = callers;
+    for (size_t k = 0; k < copied.size(); ++k) {
+      const int64_t i = copied[k];
+      if (used[k].is_same(callers[i]) || !callers[i].has_storage()) continue;
+      const c10::StorageImpl* s = callers[i].storage().unsafeGetStorageImpl();
+      if (s->throw_on_immutable_data_ptr()) {  // invalidated: it raises "overwritten"
+        out[i] = used[k];
+        continue;
+      }
+      const auto begin = reinterpret_cast<uintptr_t>(s->data());
+      if (written(begin, begin + s->nbytes())) out[i] = used[k];
+    }
+    return out;
+  }
 
   // Copies each written-back input's placeholder (`placeholders`, parallel to `copied` of the
   // decision's `which`) into `targets` (per flat input).
