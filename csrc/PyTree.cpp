@@ -394,11 +394,14 @@ void OutputSpec::flattenInto(py::handle obj, std::vector<at::Tensor>* tensors,
                            "backward returns for a gradient known to be zero), which has no "
                            "memory for a graph to write");
     }
-    // An nn.Parameter (a module's weight returned as it is) comes back as that Parameter.
+    // An nn.Parameter comes back as one: a module's weight returned as it is as that Parameter,
+    // one the function made (over its result) as a new Parameter over the replayed tensor.
+    // (a weak reference to it, its requires_grad)
     py::object param;
     if (Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(ParameterClass)) {
-      param = py::reinterpret_steal<py::object>(PyWeakref_NewRef(o, nullptr));
-      if (!param) throw py::error_already_set();
+      auto weak = py::reinterpret_steal<py::object>(PyWeakref_NewRef(o, nullptr));
+      if (!weak) throw py::error_already_set();
+      param = py::make_tuple(std::move(weak), py::bool_(t.requires_grad()));
     }
     entries_.push_back({Kind::kTensor, 0, std::move(param)});
     tensors->push_back(t);
@@ -475,15 +478,23 @@ py::object OutputSpec::build(size_t* pos, const std::vector<at::Tensor>& tensors
     case Kind::kTensor: {
       const at::Tensor& t = tensors[(*next)++];
       if (e.value) {  // a Parameter when recorded: that Parameter, if it is still this tensor
-        py::object owner = weakReferent(e.value.ptr());
+        PyObject* weak = PyTuple_GET_ITEM(e.value.ptr(), 0);
+        py::object owner = weakReferent(weak);
         if (owner && THPVariable_Check(owner.ptr())) {
           const at::Tensor& p = THPVariable_Unpack(owner.ptr());
+          // An earlier run's result a later run overwrote is not this one's.
+          const bool overwritten =
+              p.has_storage() && p.storage().unsafeGetStorageImpl()->throw_on_immutable_data_ptr();
           if (p.is_same(t) ||
-              (p.data_ptr() == t.data_ptr() && p.sizes().equals(t.sizes()) &&
+              (!overwritten && p.data_ptr() == t.data_ptr() && p.sizes().equals(t.sizes()) &&
                p.strides().equals(t.strides()) && p.scalar_type() == t.scalar_type())) {
             return owner;
           }
         }
+        // One the function made: a new Parameter over this run's tensor, as eagerly.
+        return py::reinterpret_borrow<py::object>(ParameterClass)(
+            py::reinterpret_steal<py::object>(THPVariable_Wrap(t)),
+            py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(e.value.ptr(), 1)));
       }
       return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
     }

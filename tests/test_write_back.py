@@ -239,13 +239,6 @@ def test_a_view_beyond_a_copied_input_inside_a_library_op_is_refused(tree_logs):
 # --- 6. a Parameter made inside the function ----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 39 (1, last point): OutputSpec keeps no tensor subclass, so a replay rebuilds a "
-    "Parameter made inside the function as a plain Tensor (and holding the previous call's result "
-    "makes the next call raise that it was overwritten); a Parameter entry that rebuilds through "
-    "nn.Parameter(t, requires_grad=...) is missing",
-)
 def test_a_parameter_made_inside_the_function_comes_back_a_parameter():
     def f(x):
         return torch.nn.Parameter(x * 2, requires_grad=False)
