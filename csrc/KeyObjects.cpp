@@ -2,7 +2,54 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstring>
+
 namespace graphtrees {
+
+namespace {
+
+// Whether `a` and `b` are the same value bit for bit, as Python floats in the key are: 0.0 is not
+// -0.0 and a NaN is itself. For objects of one type that are floats or complex numbers (numpy's
+// float64 and complex128, a float subclass) or numpy scalars (their buffer holds their bytes).
+// Sets *decided when the type is one of those.
+bool sameBits(PyObject* a, PyObject* b, bool* decided) {
+  *decided = false;
+  if (Py_TYPE(a) != Py_TYPE(b)) return false;
+  if (PyFloat_Check(a)) {
+    *decided = true;
+    const double x = PyFloat_AS_DOUBLE(a);
+    const double y = PyFloat_AS_DOUBLE(b);
+    return std::memcmp(&x, &y, sizeof(double)) == 0;
+  }
+  if (PyComplex_Check(a)) {
+    *decided = true;
+    const Py_complex x = PyComplex_AsCComplex(a);
+    const Py_complex y = PyComplex_AsCComplex(b);
+    return std::memcmp(&x, &y, sizeof(Py_complex)) == 0;
+  }
+  // numpy scalars (np.float32, np.float16, np.complex64, ...): their type lives in numpy and
+  // they expose their bytes through the buffer protocol.
+  const char* name = Py_TYPE(a)->tp_name;
+  if (std::strncmp(name, "numpy.", 6) != 0 || !PyObject_CheckBuffer(a)) return false;
+  Py_buffer x;
+  Py_buffer y;
+  if (PyObject_GetBuffer(a, &x, PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  if (PyObject_GetBuffer(b, &y, PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    PyBuffer_Release(&x);
+    return false;
+  }
+  *decided = true;
+  const bool same = x.len == y.len && std::memcmp(x.buf, y.buf, x.len) == 0;
+  PyBuffer_Release(&x);
+  PyBuffer_Release(&y);
+  return same;
+}
+
+}  // namespace
 
 py::object weakReferent(PyObject* ref) {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -85,6 +132,12 @@ bool KeyObjects::matches(const std::vector<py::object>& objects) const {
         break;
       case How::kValue:
         if (h.ref != obj) {
+          bool decided = false;
+          const bool same = sameBits(h.ref, obj, &decided);
+          if (decided) {
+            if (!same) return false;
+            break;
+          }
           const int eq = PyObject_RichCompareBool(h.ref, obj, Py_EQ);
           if (eq < 0) PyErr_Clear();
           if (eq != 1) return false;

@@ -12,9 +12,10 @@ namespace graphtrees {
 // scalar, a user's object) goes into the key as its type and hash. A hash does not identify a
 // value (hash(np.int64(-1)) == hash(np.int64(-2))), and an identity hash is an address that a
 // dead object's successor may reuse. So each signature also holds its objects: a value-hashed
-// one itself (compared with ==), an identity-hashed one by weak reference where it allows one
-// (compared with `is`; a dead one matches nothing, and the signature does not keep it alive),
-// else itself; a bound method by its function and, weakly, its object. A call whose objects
+// one itself (compared with ==; a float, complex or numpy scalar bit for bit, as Python floats in
+// the key are: 0.0 is not -0.0, a NaN is itself), an identity-hashed one by weak reference where it
+// allows one (compared with `is`; a dead one matches nothing, and the signature does not keep it
+// alive), else itself; a bound method by its function and, weakly, its object. A call whose objects
 // hash like a signature's but do not match it gets a signature of its own; a signature whose
 // weakly held object died is evicted when its key comes again.
 // The object weak reference `ref` refers to (a new reference), or a null object once it died.
