@@ -2,54 +2,53 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 
 namespace graphtrees {
 
 namespace {
 
-// Whether `a` and `b` are the same value bit for bit, as Python floats in the key are: 0.0 is not
-// -0.0 and a NaN is itself. For objects of one type that are floats or complex numbers (numpy's
-// float64 and complex128, a float subclass) or numpy scalars (their buffer holds their bytes).
-// Sets *decided when the type is one of those.
+// Whether `a` and `b` (of one type) are the same value bit for bit, as Python floats in the key
+// are: 0.0 is not -0.0 and a NaN is itself. Sets *decided when the type is one valueBits() takes.
 bool sameBits(PyObject* a, PyObject* b, bool* decided) {
-  *decided = false;
-  if (Py_TYPE(a) != Py_TYPE(b)) return false;
-  if (PyFloat_Check(a)) {
-    *decided = true;
-    const double x = PyFloat_AS_DOUBLE(a);
-    const double y = PyFloat_AS_DOUBLE(b);
-    return std::memcmp(&x, &y, sizeof(double)) == 0;
-  }
-  if (PyComplex_Check(a)) {
-    *decided = true;
-    const Py_complex x = PyComplex_AsCComplex(a);
-    const Py_complex y = PyComplex_AsCComplex(b);
-    return std::memcmp(&x, &y, sizeof(Py_complex)) == 0;
-  }
-  // numpy scalars (np.float32, np.float16, np.complex64, ...): their type lives in numpy and
-  // they expose their bytes through the buffer protocol.
-  const char* name = Py_TYPE(a)->tp_name;
-  if (std::strncmp(name, "numpy.", 6) != 0 || !PyObject_CheckBuffer(a)) return false;
-  Py_buffer x;
-  Py_buffer y;
-  if (PyObject_GetBuffer(a, &x, PyBUF_SIMPLE) != 0) {
-    PyErr_Clear();
-    return false;
-  }
-  if (PyObject_GetBuffer(b, &y, PyBUF_SIMPLE) != 0) {
-    PyErr_Clear();
-    PyBuffer_Release(&x);
-    return false;
-  }
-  *decided = true;
-  const bool same = x.len == y.len && std::memcmp(x.buf, y.buf, x.len) == 0;
-  PyBuffer_Release(&x);
-  PyBuffer_Release(&y);
-  return same;
+  std::string x;
+  std::string y;
+  *decided = valueBits(a, &x) && valueBits(b, &y);
+  return *decided && x == y;
 }
 
 }  // namespace
+
+bool valueBits(PyObject* obj, std::string* bytes) {
+  if (PyFloat_Check(obj)) {
+    const double v = PyFloat_AS_DOUBLE(obj);
+    bytes->assign(reinterpret_cast<const char*>(&v), sizeof(v));
+    return true;
+  }
+  if (PyComplex_Check(obj)) {
+    const Py_complex v = PyComplex_AsCComplex(obj);
+    bytes->assign(reinterpret_cast<const char*>(&v), sizeof(v));
+    return true;
+  }
+  static const char* const kNumpyFloats[] = {"numpy.float16", "numpy.float32", "numpy.longdouble",
+                                             "numpy.complex64", "numpy.clongdouble"};
+  const char* name = Py_TYPE(obj)->tp_name;
+  if (std::none_of(std::begin(kNumpyFloats), std::end(kNumpyFloats),
+                   [&](const char* n) { return std::strcmp(name, n) == 0; }) ||
+      !PyObject_CheckBuffer(obj)) {
+    return false;
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  bytes->assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  PyBuffer_Release(&view);
+  return true;
+}
 
 py::object weakReferent(PyObject* ref) {
 #if PY_VERSION_HEX >= 0x030D0000

@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace graphtrees {
@@ -20,6 +21,13 @@ namespace graphtrees {
 // weakly held object died is evicted when its key comes again.
 // The object weak reference `ref` refers to (a new reference), or a null object once it died.
 py::object weakReferent(PyObject* ref);
+
+// The bytes of a value that the key compares bit for bit: a float or complex, of a subclass too
+// (numpy's float64 and complex128), or a numpy floating or complex scalar of another width
+// (float16, float32, longdouble, complex64, clongdouble: their buffer holds the value). False
+// for every other object, numpy arrays and other numpy scalars included: their bytes alone do
+// not say their shape, dtype or unit, so they keep their hash and ==.
+bool valueBits(PyObject* obj, std::string* bytes);
 
 class KeyObjects {
  public:

@@ -24,32 +24,6 @@ py::object& unflattenHook() {
   return *hook;
 }
 
-// The bytes of a float or complex of a subclass (numpy's float64, complex128) or of a numpy scalar
-// (its buffer), for the key (Note [Objects in the call signature]); false for other objects.
-bool scalarBytes(PyObject* obj, std::string* bytes) {
-  if (PyFloat_Check(obj)) {
-    const double v = PyFloat_AS_DOUBLE(obj);
-    bytes->assign(reinterpret_cast<const char*>(&v), sizeof(v));
-    return true;
-  }
-  if (PyComplex_Check(obj)) {
-    const Py_complex v = PyComplex_AsCComplex(obj);
-    bytes->assign(reinterpret_cast<const char*>(&v), sizeof(v));
-    return true;
-  }
-  if (std::strncmp(Py_TYPE(obj)->tp_name, "numpy.", 6) != 0 || !PyObject_CheckBuffer(obj)) {
-    return false;
-  }
-  Py_buffer view;
-  if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) != 0) {
-    PyErr_Clear();
-    return false;
-  }
-  bytes->assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
-  PyBuffer_Release(&view);
-  return true;
-}
-
 // One level of a pytree-registered object or dataclass: (children, context), or None.
 py::object flattenNode(PyObject* obj) {
   if (!flattenHook()) return py::none();
@@ -204,11 +178,11 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     appendRaw(key, reinterpret_cast<uintptr_t>(gen.unsafeGetGeneratorImpl()));
     out->generators.push_back(gen);
   } else {
-    // A float or complex subclass (numpy's float64, complex128) or a numpy scalar hashes by its
-    // bytes: hash() makes 0.0 and -0.0 one value and gives a NaN its address.
-    std::string bits;
+    X
+        // bytes: hash() makes 0.0 and -0.0 one value and gives a NaN its address.
+        std::string bits;
     const Py_hash_t h =
-        scalarBytes(obj, &bits)
+        valueBits(obj, &bits)
             ? static_cast<Py_hash_t>(std::hash<std::string>()(bits) & 0x3fffffffffffffff)
             : PyObject_Hash(obj);
     if (h == -1) {

@@ -213,6 +213,21 @@ def test_a_float_subclass_is_compared_bit_for_bit():
         torch.testing.assert_close(g(x, s), x / s)
 
 
+def test_numpy_arrays_and_other_numpy_scalars_are_not_keyed_by_their_bytes_alone():
+    # Equal bytes, other shape or dtype (an array) or another unit (a timedelta64): only float
+    # and complex scalars are compared bit for bit; an array is unhashable (eager, as before),
+    # a timedelta64 keeps its hash and ==.
+    f = lambda x, a: x[: a.shape[0]] * 1  # noqa: E731
+    g = cudagraphify(f)
+    x = torch.ones(8)
+    for a in [np.zeros(4, np.float32)] * 3 + [np.zeros(2, np.float64)] * 3:
+        assert g(x, a).shape == f(x, a).shape
+    f = lambda x, t: x * float(t / np.timedelta64(1, "s"))  # noqa: E731
+    g = cudagraphify(f)
+    for t in [np.timedelta64(1, "m")] * 3 + [np.timedelta64(1, "s")] * 3:
+        torch.testing.assert_close(g(x, t), f(x, t))
+
+
 def test_a_nan_numpy_scalar_matches_its_signature():
     g = cudagraphify(lambda x, s: x + s)
     x = torch.ones(2)
