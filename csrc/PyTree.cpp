@@ -178,9 +178,10 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     appendRaw(key, reinterpret_cast<uintptr_t>(gen.unsafeGetGeneratorImpl()));
     out->generators.push_back(gen);
   } else {
-    X
-        // bytes: hash() makes 0.0 and -0.0 one value and gives a NaN its address.
-        std::string bits;
+    // A float or complex (numpy's float64 and complex128 too) or a numpy floating or complex
+    // scalar hashes by its bytes (valueBits): hash() makes 0.0 and -0.0 one value and gives a
+    // NaN its address.
+    std::string bits;
     const Py_hash_t h =
         valueBits(obj, &bits)
             ? static_cast<Py_hash_t>(std::hash<std::string>()(bits) & 0x3fffffffffffffff)
