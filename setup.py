@@ -106,9 +106,10 @@ def write_built_with(path):
         f"CXX_RUNTIME = {CXX_RUNTIME!r}\n"
     )
     if not os.path.exists(path) or open(path).read() != text:
-        with open(path + ".tmp", "w") as f:  # replaced whole: a reader never sees it half written
+        tmp = f"{path}.{os.getpid()}.tmp"  # replaced whole: a reader never sees it half written
+        with open(tmp, "w") as f:
             f.write(text)
-        os.replace(path + ".tmp", path)
+        os.replace(tmp, path)
 
 
 write_built_with(BUILT_WITH)
