@@ -1,5 +1,7 @@
 #include "PyTree.h"
 
+#include "StorageInvalidated.h"
+
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -459,7 +461,7 @@ py::object OutputSpec::build(size_t* pos, const std::vector<at::Tensor>& tensors
           const at::Tensor& p = THPVariable_Unpack(owner.ptr());
           // An earlier run's result a later run overwrote is not this one's.
           const bool overwritten =
-              p.has_storage() && p.storage().unsafeGetStorageImpl()->throw_on_immutable_data_ptr();
+              p.has_storage() && storageInvalidated(*p.storage().unsafeGetStorageImpl());
           if (p.is_same(t) ||
               (!overwritten && p.data_ptr() == t.data_ptr() && p.sizes().equals(t.sizes()) &&
                p.strides().equals(t.strides()) && p.scalar_type() == t.scalar_type())) {

@@ -34,6 +34,7 @@
 
 #include "ArgumentAliases.h"
 #include "InputMutationCheck.h"
+#include "StorageInvalidated.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -110,7 +111,7 @@ class WriteBack {
       const int64_t i = copied[k];
       if (used[k].is_same(callers[i]) || !callers[i].has_storage()) continue;
       const c10::StorageImpl* s = callers[i].storage().unsafeGetStorageImpl();
-      if (s->throw_on_immutable_data_ptr()) {  // invalidated: it raises "overwritten"
+      if (storageInvalidated(*s)) {  // it raises "overwritten"
         out[i] = used[k];
         continue;
       }
