@@ -4,6 +4,7 @@
 // wrapper, one per call signature), its state in one tree (FunctionState, CallableState), and
 // what one call did (CallResult).
 
+#include "ArgumentAliases.h"
 #include "Backend.h"
 #include "DrawnGenerators.h"
 #include "GraphOptions.h"
@@ -54,7 +55,12 @@ struct FunctionRecord {
   // piece of a split graph but one (Note [Pending backward]).
   bool counts_pending = true;
   std::string name;
-  std::vector<uint8_t> is_static;  // per flat input
+  // Per flat input: used in place (static_argnums, a module's tensors, and every other position
+  // of such a tensor: ArgumentAliases::inPlace()).
+  std::vector<uint8_t> is_static;
+  // Which flat inputs are one tensor or share memory; the same for every call of the signature
+  // (Note [Argument aliases]).
+  ArgumentAliases aliases;
   // The wrapper's options (warmup_iters, rerecord_limit, chain_limit, on_overwrite, ...); the
   // wrapper outlives every call of its records.
   const GraphOptions* options = nullptr;

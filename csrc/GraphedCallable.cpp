@@ -96,7 +96,10 @@ void GraphedCallable::refreshModuleTensors() {
   std::vector<at::Tensor> tensors;
   for (py::handle p : module_.attr("parameters")()) tensors.push_back(p.cast<at::Tensor>());
   for (py::handle b : module_.attr("buffers")()) tensors.push_back(b.cast<at::Tensor>());
-  module_tensors_ = std::move(tensors);
+  auto fresh = std::make_shared<ModuleTensors>();
+  fresh->index.build(tensors);
+  fresh->tensors = std::move(tensors);
+  module_tensors_ = std::move(fresh);
   module_epoch_ = e;
 }
 
@@ -137,7 +140,10 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
   r.eager_reason = eager_reason_;
   r.name = signatures_created_ == 0 ? name_ : name_ + "#" + std::to_string(signatures_created_);
   signatures_created_++;
-  r.is_static = flat.is_static;
+  // Note [Argument aliases]: every position of a tensor that is static somewhere is used in
+  // place; the key holds the aliases, so every call of this signature has the same ones.
+  r.aliases = flat.aliases;
+  r.is_static = flat.aliases.inPlace(flat.is_static);
   r.options = &options_;
   r.generators = flat.generators;
   sig->key_objects.hold(flat.key_objects);
@@ -273,14 +279,18 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
   }
   if (!module_.is_none()) {
     refreshModuleTensors();
-    const std::vector<at::Tensor> module_tensors = module_tensors_;  // a stable snapshot
+    const std::shared_ptr<const ModuleTensors> snapshot = module_tensors_;  // a stable one
+    const std::vector<at::Tensor>& module_tensors = snapshot->tensors;
     flat.key.push_back(module_.attr("training").cast<bool>() ? 'R' : 'E');
     const auto count = static_cast<uint32_t>(module_tensors.size());
     flat.key.append(reinterpret_cast<const char*>(&count), sizeof(count));
+    const size_t keyed = flat.tensors.size();
     for (const auto& t : module_tensors) {
       flat.tensors.push_back(t);
       flat.is_static.push_back(1);
     }
+    // An argument that is one of the module's tensors (model(x, model.buf)) is that tensor.
+    flat.aliases.addModuleTensors(flat.tensors, keyed, snapshot->index, &flat.key);
   }
   if (!flat.unsupported.empty())
     return fallback(args, kwargs, flat, "it was called with " + flat.unsupported);

@@ -76,7 +76,13 @@ class GraphedCallable {
   int64_t signatures_ran_ = 0;  // signatures with a call that returned (the warning counts these)
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists
   std::unordered_set<std::string> logged_reasons_;  // fallbacks with no tree to count them
-  std::vector<at::Tensor> module_tensors_;
+  // The module's parameters and buffers with their index (Note [Argument aliases]), swapped as
+  // one: a call reads a stable snapshot.
+  struct ModuleTensors {
+    std::vector<at::Tensor> tensors;
+    ModuleTensorIndex index;
+  };
+  std::shared_ptr<const ModuleTensors> module_tensors_;
   int64_t module_epoch_ = -1;
 };
 

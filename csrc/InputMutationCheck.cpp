@@ -27,14 +27,13 @@ InputMutationCheck::InputMutationCheck(const std::vector<at::Tensor>& tensors,
     : tensors_(tensors), which_(which) {
   versions_.reserve(which_.size());
   metas_.reserve(which_.size());
-  for (int64_t i : which_) {
-    versions_.push_back(versionOf(tensors_[i]));
-    metas_.push_back(
-        {tensors_[i].sizes().vec(), tensors_[i].strides().vec(), tensors_[i].storage_offset()});
-    if (!tensors_[i].has_storage()) continue;
-    const c10::StorageImpl* storage = tensors_[i].storage().unsafeGetStorageImpl();
-    if (tensors_[i].is_inference()) unversioned_.emplace(storage, i);
-    watched_.emplace(storage, i);
+  written_by_.resize(which_.size());
+  for (size_t k = 0; k < which_.size(); ++k) {
+    const at::Tensor& t = tensors_[which_[k]];
+    versions_.push_back(versionOf(t));
+    metas_.push_back({t.sizes().vec(), t.strides().vec(), t.storage_offset()});
+    if (!t.has_storage()) continue;
+    watched_[t.storage().unsafeGetStorageImpl()].push_back(k);
   }
   if (watched_.empty()) return;
   enabled_.emplace(true);  // observe even where RecordFunction is switched off
@@ -58,6 +57,10 @@ int64_t InputMutationCheck::firstMutated(std::string* op) const {
   }
   for (size_t k = 0; k < which_.size(); ++k) {
     if (versions_[k] >= 0 && versionOf(tensors_[which_[k]]) != versions_[k]) return which_[k];
+    if (!written_by_[k].empty()) {
+      *op = written_by_[k];
+      return which_[k];
+    }
   }
   return -1;
 }
@@ -72,12 +75,13 @@ bool InputMutationCheck::metadataChanged(int64_t i) const {
   return false;
 }
 
-std::vector<int64_t> InputMutationCheck::versionMutated() const {
+std::vector<int64_t> InputMutationCheck::mutated(std::vector<std::string>* ops) const {
   std::vector<int64_t> out;
   for (size_t k = 0; k < which_.size(); ++k) {
-    if (versions_[k] >= 0 && versionOf(tensors_[which_[k]]) != versions_[k]) {
-      out.push_back(which_[k]);
-    }
+    const bool counter = versions_[k] >= 0 && versionOf(tensors_[which_[k]]) != versions_[k];
+    if (!counter && written_by_[k].empty()) continue;
+    out.push_back(which_[k]);
+    if (ops != nullptr) ops->push_back(counter ? std::string() : written_by_[k]);
   }
   return out;
 }
@@ -98,45 +102,47 @@ bool isInPlaceCollective(const char* name) {
 void InputMutationCheck::check(const at::RecordFunction& fn) {
   if (watched_mutation_ >= 0) return;
   const bool collective = isInPlaceCollective(fn.name());
-  if (!collective && unversioned_.empty()) return;
-  const auto schema = fn.operator_schema();
-  if (!schema) return;
   const auto inputs = fn.inputs();
-  const auto& args = schema->arguments();
-  const auto& among = collective ? watched_ : unversioned_;
+  if (inputs.empty()) return;
+  // Marks the watched inputs over `t`'s storage written by this op; an inference tensor's write,
+  // or a collective's, cannot be written back (watched_mutation_).
   auto written = [&](const at::Tensor& t) {
-    if (!t.defined() || !t.has_storage()) return false;
-    auto it = among.find(t.storage().unsafeGetStorageImpl());
-    if (it == among.end()) return false;
-    watched_mutation_ = it->second;
-    op_ = fn.name();
-    return true;
+    if (!t.defined() || !t.has_storage()) return;
+    auto it = watched_.find(t.storage().unsafeGetStorageImpl());
+    if (it == watched_.end()) return;
+    for (size_t k : it->second) {
+      if (collective || tensors_[which_[k]].is_inference()) {
+        watched_mutation_ = which_[k];
+        op_ = fn.name();
+        return;
+      }
+      if (written_by_[k].empty()) written_by_[k] = fn.name();
+    }
   };
   auto anyWritten = [&](const c10::IValue& v) {
-    if (v.isTensor()) return written(v.toTensor());
-    if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        if (written(t)) return true;
-      }
+    if (v.isTensor()) {
+      written(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) written(t);
     } else if (v.isList()) {  // Tensor[][] (allgather_'s outputs)
       for (const c10::IValue& inner : v.toListRef()) {
         if (inner.isTensorList()) {
-          for (const at::Tensor& t : inner.toTensorVector()) {
-            if (written(t)) return true;
-          }
+          for (const at::Tensor& t : inner.toTensorVector()) written(t);
         }
       }
     }
-    return false;
   };
   if (collective) {  // the first argument is what it writes
-    if (!inputs.empty()) anyWritten(inputs[0]);
+    anyWritten(inputs[0]);
     return;
   }
-  for (size_t i = 0; i < args.size() && i < inputs.size(); ++i) {
+  const auto schema = fn.operator_schema();
+  if (!schema) return;
+  const auto& args = schema->arguments();
+  for (size_t i = 0; i < args.size() && i < inputs.size() && watched_mutation_ < 0; ++i) {
     const auto* alias = args[i].alias_info();
     if (alias == nullptr || !alias->isWrite()) continue;
-    if (anyWritten(inputs[i])) return;
+    anyWritten(inputs[i]);
   }
 }
 

@@ -1,11 +1,14 @@
 #pragma once
 
 // Which of a function's inputs one run mutates in place. Version counters tell for ordinary
-// tensors; tensors made under torch.inference_mode() have none, so for them the check watches,
-// on the calling thread and while it lives, for ops whose schema writes to their storage (an
-// argument annotated `Tensor(a!)`). In-place collectives (c10d::allreduce_ and the other
-// `c10d::*_` ops) write their first argument without a version bump or a write annotation: they
-// are watched for every input.
+// tensors. Writes that move no counter -- a torch.library op whose kernel is C++, Triton or
+// below autograd, a write through x.data or a DLPack alias, any tensor made under
+// torch.inference_mode() -- are seen, on the calling thread and while the check lives, by the ops
+// whose schema writes to an input's storage (an argument annotated `Tensor(a!)`): every watched
+// input's storage is watched. In-place collectives (c10d::allreduce_ and the other `c10d::*_`
+// ops) write their first argument without a version bump or a write annotation: they are watched
+// for every input too. Writes no op shows at all (ctypes through data_ptr()) are WriteBack's to
+// find (Note [Copied inputs written back] in WriteBack.h).
 
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
@@ -30,9 +33,12 @@ class InputMutationCheck {
   // After the run: the first input it mutated (a flat index) or -1; `op` names the op when the
   // schema watch saw it.
   int64_t firstMutated(std::string* op) const;
-  // After the run: every input whose version counter moved, and whether a mutation was seen
-  // only by the schema watch (an inference tensor, an in-place collective).
-  std::vector<int64_t> versionMutated() const;
+  // After the run: every input it mutated (its version counter moved, or an op's schema wrote
+  // its storage), in `which` order; `op` (if given) gets the op that wrote each, "" where the
+  // counter told.
+  std::vector<int64_t> mutated(std::vector<std::string>* ops = nullptr) const;
+  // Whether a mutation cannot be written back whatever the input: an inference tensor's (no copy
+  // into it outside inference mode) or an in-place collective's.
   bool watchedMutation() const { return watched_mutation_ >= 0; }
   // Whether input `i` (one of `which`) has other sizes, strides or offset than when the check
   // began: an in-place metadata op (squeeze_, t_, resize_, as_strided_).
@@ -52,9 +58,10 @@ class InputMutationCheck {
     int64_t offset;
   };
   std::vector<Meta> metas_;  // parallel to which_
-  std::unordered_map<const c10::StorageImpl*, int64_t> unversioned_;
-  std::unordered_map<const c10::StorageImpl*, int64_t> watched_;  // every input, for collectives
-  int64_t watched_mutation_ = -1;
+  // Every watched input's storage, with the inputs over it (positions in which_).
+  std::unordered_map<const c10::StorageImpl*, std::vector<size_t>> watched_;
+  std::vector<std::string> written_by_;  // parallel to which_: the op whose schema wrote it
+  int64_t watched_mutation_ = -1;        // an inference tensor or a collective's (a flat index)
   std::string op_;
   InputMutationCheck* prev_ = nullptr;
   std::optional<at::CallbackHandle> handle_;

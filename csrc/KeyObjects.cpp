@@ -2,7 +2,53 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+
 namespace graphtrees {
+
+namespace {
+
+// Whether `a` and `b` (of one type) are the same value bit for bit, as Python floats in the key
+// are: 0.0 is not -0.0 and a NaN is itself. Sets *decided when the type is one valueBits() takes.
+bool sameBits(PyObject* a, PyObject* b, bool* decided) {
+  std::string x;
+  std::string y;
+  *decided = valueBits(a, &x) && valueBits(b, &y);
+  return *decided && x == y;
+}
+
+}  // namespace
+
+bool valueBits(PyObject* obj, std::string* bytes) {
+  if (PyFloat_Check(obj)) {
+    const double v = PyFloat_AS_DOUBLE(obj);
+    bytes->assign(reinterpret_cast<const char*>(&v), sizeof(v));
+    return true;
+  }
+  if (PyComplex_Check(obj)) {
+    const Py_complex v = PyComplex_AsCComplex(obj);
+    bytes->assign(reinterpret_cast<const char*>(&v), sizeof(v));
+    return true;
+  }
+  static const char* const kNumpyFloats[] = {"numpy.float16", "numpy.float32", "numpy.longdouble",
+                                             "numpy.complex64", "numpy.clongdouble"};
+  const char* name = Py_TYPE(obj)->tp_name;
+  if (std::none_of(std::begin(kNumpyFloats), std::end(kNumpyFloats),
+                   [&](const char* n) { return std::strcmp(name, n) == 0; }) ||
+      !PyObject_CheckBuffer(obj)) {
+    return false;
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  bytes->assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  PyBuffer_Release(&view);
+  return true;
+}
 
 py::object weakReferent(PyObject* ref) {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -85,6 +131,12 @@ bool KeyObjects::matches(const std::vector<py::object>& objects) const {
         break;
       case How::kValue:
         if (h.ref != obj) {
+          bool decided = false;
+          const bool same = sameBits(h.ref, obj, &decided);
+          if (decided) {
+            if (!same) return false;
+            break;
+          }
           const int eq = PyObject_RichCompareBool(h.ref, obj, Py_EQ);
           if (eq < 0) PyErr_Clear();
           if (eq != 1) return false;

@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace graphtrees {
@@ -12,13 +13,21 @@ namespace graphtrees {
 // scalar, a user's object) goes into the key as its type and hash. A hash does not identify a
 // value (hash(np.int64(-1)) == hash(np.int64(-2))), and an identity hash is an address that a
 // dead object's successor may reuse. So each signature also holds its objects: a value-hashed
-// one itself (compared with ==), an identity-hashed one by weak reference where it allows one
-// (compared with `is`; a dead one matches nothing, and the signature does not keep it alive),
-// else itself; a bound method by its function and, weakly, its object. A call whose objects
+// one itself (compared with ==; a float, complex or numpy scalar bit for bit, as Python floats in
+// the key are: 0.0 is not -0.0, a NaN is itself), an identity-hashed one by weak reference where it
+// allows one (compared with `is`; a dead one matches nothing, and the signature does not keep it
+// alive), else itself; a bound method by its function and, weakly, its object. A call whose objects
 // hash like a signature's but do not match it gets a signature of its own; a signature whose
 // weakly held object died is evicted when its key comes again.
 // The object weak reference `ref` refers to (a new reference), or a null object once it died.
 py::object weakReferent(PyObject* ref);
+
+// The bytes of a value that the key compares bit for bit: a float or complex, of a subclass too
+// (numpy's float64 and complex128), or a numpy floating or complex scalar of another width
+// (float16, float32, longdouble, complex64, clongdouble: their buffer holds the value). False
+// for every other object, numpy arrays and other numpy scalars included: their bytes alone do
+// not say their shape, dtype or unit, so they keep their hash and ==.
+bool valueBits(PyObject* obj, std::string* bytes);
 
 class KeyObjects {
  public:

@@ -91,14 +91,21 @@ PlaceholderViewCheck::~PlaceholderViewCheck() {
 
 std::unique_ptr<at::ObserverContext> PlaceholderViewCheck::onStart(const at::RecordFunction& fn) {
   if (PlaceholderViewCheck* c = tls_check) {
-    if (c->depth_ == 0 && c->refusal_.empty()) c->check(fn);
+    // A top-level op, or one that a library op's own implementation calls (its code addresses
+    // storage as the user's would); not the ops an ATen kernel calls.
+    const bool looked_at = c->depth_ == 0 || c->opaque_.back();
+    if (looked_at && c->refusal_.empty()) c->check(fn);
     c->depth_++;
+    c->opaque_.push_back(looked_at && std::strncmp(fn.name(), "aten::", 6) != 0);
   }
   return nullptr;
 }
 
 void PlaceholderViewCheck::onEnd(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
-  if (PlaceholderViewCheck* c = tls_check; c != nullptr && c->depth_ > 0) c->depth_--;
+  if (PlaceholderViewCheck* c = tls_check; c != nullptr && c->depth_ > 0) {
+    c->depth_--;
+    c->opaque_.pop_back();
+  }
 }
 
 const PlaceholderViewCheck::Watched* PlaceholderViewCheck::watchedStorage(

@@ -22,8 +22,9 @@ namespace graphtrees {
 // the caller's storage holds there -- elements before or after the view, or in its gaps (the
 // other half of `base[:, 0]`) -- which the placeholder does not have (its gaps hold nothing, and
 // an offset means another element once the view no longer starts at the caller's offset). While
-// a graph is recorded, a thread-local observer looks at these ops (top-level ones: views that
-// ATen's own kernels make are derived from their input's geometry) on the storage of a
+// a graph is recorded, a thread-local observer looks at these ops (top-level ones, and those a
+// library op's implementation calls, a torch.library op defined in Python, say: views that ATen's
+// own kernels make are derived from their input's geometry) on the storage of a
 // placeholder. The recording is refused, and the function runs eagerly with the reason, when
 //   - the view reaches an address that is not one of the input's own elements;
 //   - an explicit storage offset is given while the caller's input does not start at offset 0 of
@@ -62,6 +63,8 @@ class PlaceholderViewCheck {
   std::unordered_map<const c10::StorageImpl*, Watched> storages_;
   std::string refusal_;
   int depth_ = 0;
+  // Per open op: whether the ops it calls are looked at (it is looked at and not an ATen op).
+  std::vector<bool> opaque_;
   PlaceholderViewCheck* prev_ = nullptr;
   std::optional<at::CallbackHandle> handle_;
   std::optional<at::RecordFunctionGuard> enabled_;

@@ -39,15 +39,30 @@ void PoolBookkeeping::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
                                         const std::vector<uint8_t>& is_static,
                                         const std::unordered_set<int64_t>& slots_at_risk) const {
   if (slots_at_risk.empty()) return;
+  // One clone per tensor: the positions of one tensor stay one tensor (Note [Argument aliases]).
+  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> clones;
   for (size_t i = 0; i < inputs->size(); ++i) {
     at::Tensor& t = (*inputs)[i];
+    const LiveOutput* e = live_.find(t.storage().unsafeGetStorageImpl());
     const int64_t slot = live_.slotOf(t.storage().unsafeGetStorageImpl());
     if (slot < 0 || !slots_at_risk.count(slot)) continue;
+    // on_overwrite="copy": the output is moved out of the pool, rebound in place, and stays the
+    // caller's tensor, which the run uses and mutates as eagerly (Note [Copied inputs written
+    // back] in WriteBack.h).
+    if (e != nullptr && e->copy_on_overwrite && e->nbytes > 0) continue;
     // A static input is used at its address, so a copy cannot stand in for it.
     TORCH_CHECK(!is_static[i], "graphtrees: static input ", i,
                 " is an output of an earlier graphed run whose pool memory the next run reuses. "
                 "Pass a tensor with a stable address as a static input (e.g. .clone() it once).");
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    auto same =
+        std::find_if(clones.begin(), clones.end(), [&](const auto& c) { return c.first == impl; });
+    if (same != clones.end()) {
+      t = same->second;
+      continue;
+    }
     t = t.clone();
+    clones.emplace_back(impl, t);
   }
 }
 

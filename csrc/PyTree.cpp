@@ -1,10 +1,13 @@
 #include "PyTree.h"
 
+#include "StorageInvalidated.h"
+
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
+#include <functional>
 #include <unordered_map>
 
 namespace graphtrees {
@@ -177,7 +180,14 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     appendRaw(key, reinterpret_cast<uintptr_t>(gen.unsafeGetGeneratorImpl()));
     out->generators.push_back(gen);
   } else {
-    const Py_hash_t h = PyObject_Hash(obj);
+    // A float or complex (numpy's float64 and complex128 too) or a numpy floating or complex
+    // scalar hashes by its bytes (valueBits): hash() makes 0.0 and -0.0 one value and gives a
+    // NaN its address.
+    std::string bits;
+    const Py_hash_t h =
+        valueBits(obj, &bits)
+            ? static_cast<Py_hash_t>(std::hash<std::string>()(bits) & 0x3fffffffffffffff)
+            : PyObject_Hash(obj);
     if (h == -1) {
       PyErr_Clear();
       out->unsupported = "an argument of unhashable type '" + typeName(obj) +
@@ -284,30 +294,9 @@ void FlatArgs::rekey() {
   key.resize(structure_bytes);
   key.reserve(structure_bytes + keyed_tensors * 40);
   for (size_t i = 0; i < keyed_tensors; ++i) appendTensorKey(&key, tensors[i], is_static[i] != 0);
-  // The same tensor passed twice (mha(x, x, x)) is recorded with one placeholder, so that the
-  // function sees one tensor as eagerly (`query is key` picks a path): which arguments are the
-  // same tensor is part of the signature.
-  const auto same = [&](size_t i, size_t j) {
-    key.push_back('=');
-    appendRaw(&key, static_cast<uint32_t>(i));
-    appendRaw(&key, static_cast<uint32_t>(j));
-  };
-  if (keyed_tensors <= 8) {
-    for (size_t i = 1; i < keyed_tensors; ++i) {
-      for (size_t j = 0; j < i; ++j) {
-        if (tensors[j].unsafeGetTensorImpl() == tensors[i].unsafeGetTensorImpl()) {
-          same(i, j);
-          break;
-        }
-      }
-    }
-  } else {
-    std::unordered_map<const c10::TensorImpl*, size_t> first;
-    for (size_t i = 0; i < keyed_tensors; ++i) {
-      auto [it, fresh] = first.emplace(tensors[i].unsafeGetTensorImpl(), i);
-      if (!fresh) same(i, it->second);
-    }
-  }
+  // Which arguments are one tensor or share memory is part of the signature (Note [Argument
+  // aliases] in ArgumentAliases.h).
+  aliases.compute(tensors, keyed_tensors, &key);
 }
 
 std::pair<py::tuple, py::dict> rebuildArgs(py::handle args, py::handle kwargs,
@@ -382,11 +371,14 @@ void OutputSpec::flattenInto(py::handle obj, std::vector<at::Tensor>* tensors,
                            "backward returns for a gradient known to be zero), which has no "
                            "memory for a graph to write");
     }
-    // An nn.Parameter (a module's weight returned as it is) comes back as that Parameter.
+    // An nn.Parameter comes back as one: a module's weight returned as it is as that Parameter,
+    // one the function made (over its result) as a new Parameter over the replayed tensor.
+    // (a weak reference to it, its requires_grad)
     py::object param;
     if (Py_TYPE(o) == reinterpret_cast<PyTypeObject*>(ParameterClass)) {
-      param = py::reinterpret_steal<py::object>(PyWeakref_NewRef(o, nullptr));
-      if (!param) throw py::error_already_set();
+      auto weak = py::reinterpret_steal<py::object>(PyWeakref_NewRef(o, nullptr));
+      if (!weak) throw py::error_already_set();
+      param = py::make_tuple(std::move(weak), py::bool_(t.requires_grad()));
     }
     entries_.push_back({Kind::kTensor, 0, std::move(param)});
     tensors->push_back(t);
@@ -463,15 +455,23 @@ py::object OutputSpec::build(size_t* pos, const std::vector<at::Tensor>& tensors
     case Kind::kTensor: {
       const at::Tensor& t = tensors[(*next)++];
       if (e.value) {  // a Parameter when recorded: that Parameter, if it is still this tensor
-        py::object owner = weakReferent(e.value.ptr());
+        PyObject* weak = PyTuple_GET_ITEM(e.value.ptr(), 0);
+        py::object owner = weakReferent(weak);
         if (owner && THPVariable_Check(owner.ptr())) {
           const at::Tensor& p = THPVariable_Unpack(owner.ptr());
+          // An earlier run's result a later run overwrote is not this one's.
+          const bool overwritten =
+              p.has_storage() && storageInvalidated(*p.storage().unsafeGetStorageImpl());
           if (p.is_same(t) ||
-              (p.data_ptr() == t.data_ptr() && p.sizes().equals(t.sizes()) &&
+              (!overwritten && p.data_ptr() == t.data_ptr() && p.sizes().equals(t.sizes()) &&
                p.strides().equals(t.strides()) && p.scalar_type() == t.scalar_type())) {
             return owner;
           }
         }
+        // One the function made: a new Parameter over this run's tensor, as eagerly.
+        return py::reinterpret_borrow<py::object>(ParameterClass)(
+            py::reinterpret_steal<py::object>(THPVariable_Wrap(t)),
+            py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(e.value.ptr(), 1)));
       }
       return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
     }

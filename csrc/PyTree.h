@@ -14,6 +14,7 @@
 // the Python layer's hooks (setPyTreeHooks), one level at a time; the plain containers above keep
 // the fast C++ path.
 
+#include "ArgumentAliases.h"
 #include "KeyObjects.h"
 
 #include <ATen/core/Tensor.h>
@@ -47,6 +48,8 @@ struct FlatArgs {
   // Other argument objects, keyed by their hash only (Note [Objects in the call signature]);
   // owned, since a pytree node's children may be made by its flatten function.
   std::vector<py::object> key_objects;
+  // Which tensors are the same or share memory (Note [Argument aliases]): made with the key.
+  ArgumentAliases aliases;
 
   // Recomputes the key's tensor part after the argument tensors changed (bucket padding), without
   // flattening the arguments again.

@@ -8,6 +8,7 @@
 #include "PlaceholderViewCheck.h"
 #include "PythonHooks.h"
 #include "ThreadState.h"
+#include "WriteBack.h"
 
 #include <c10/util/Exception.h>
 
@@ -337,9 +338,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     }
   }
   std::vector<at::Tensor> outs;
-  int64_t mutated = -1;
-  std::string mutating_op;
-  std::string why_not;  // why a mutated input cannot be written back
+  WriteBackRefusal refused;
   try {
     InputMutationCheck mutations(ins, unmanaged);
     DrawnGenerators drawn(backend_->device().type(), &stateOf(fn).drawn_generators);
@@ -347,21 +346,16 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     PoolRoutingGuard routing(*backend_);
     outs = run(ins);
     routing.end();
-    // On the caller's tensors: one that can be written back is mutated as eagerly (CopiedInputs.h).
-    mutated = CopiedInputs::firstNotWrittenBack(mutations, ins, unmanaged, &mutating_op, &why_not,
-                                                nullptr);
+    // On the caller's tensors: one that can be written back is mutated as eagerly (WriteBack.h).
+    WriteBack::decide(mutations, ins, unmanaged, fn.aliases, /*ran=*/nullptr, &refused);
   } catch (const c10::OutOfMemoryError& e) {
     outs.clear();
     // Memory the device's allocator caches outside the pool may be enough: one more try.
     if (retryAfterFreeingCache(retried)) return warmup(fn, ins, run, /*retried=*/true);
     return outOfMemory(fn, ins, run, "warming it up", e.what_without_backtrace());
   }
-  if (mutated >= 0) {
-    fn.eager_reason = InputMutationCheck::reason(
-        mutated, mutating_op,
-        (why_not.empty() ? std::string()
-                         : ", and the copy cannot be written back into it (" + why_not + ")") +
-            ". Pass it through static_argnums if its address is stable");
+  if (refused.refused()) {
+    fn.eager_reason = refused.reason(". Pass it through static_argnums if its address is stable");
     noteFallback(fn, fn.eager_reason);
   }
   live_.trackWarmupOutputs(outs, ins, fn.name, copyOnOverwrite(fn), policy_.generation());
@@ -399,7 +393,7 @@ bool TreeManager::copyIntoPlaceholders(FunctionRecord& fn, const std::vector<at:
   try {
     // Allocated in the pool, outside the capture.
     PoolRoutingGuard routing(*backend_);
-    CopiedInputs::makePlaceholders(ins, key.kinds, rec);
+    CopiedInputs::makePlaceholders(ins, key.kinds, fn.aliases, rec);
     routing.end();
     return true;
   } catch (const c10::OutOfMemoryError& e) {
@@ -414,9 +408,7 @@ bool TreeManager::copyIntoPlaceholders(FunctionRecord& fn, const std::vector<at:
 
 bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
                           const CallKey& key, bool retried, Recording* rec, CallResult* fallback) {
-  int64_t mutated = -1;
-  std::string mutating_op;
-  std::string why_not;  // why a mutated input cannot be written back
+  WriteBackRefusal refused;
   std::optional<InputMutationCheck> mutations;
   try {
     mutations.emplace(rec->inputs, rec->copied);
@@ -425,9 +417,9 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     PlaceholderViewCheck views(ins, rec->inputs, rec->copied, rec->dense);
     rec->graph = backend_->capture(run, rec->inputs, &rec->outputs, captureSpec(fn, stateOf(fn)));
     if (!views.refusal().empty()) throw CaptureRejected(views.refusal());
-    // The placeholders ran: those that can be are written back (Note in CopiedInputs.h).
-    mutated = CopiedInputs::firstNotWrittenBack(*mutations, ins, rec->copied, &mutating_op,
-                                                &why_not, &rec->written_back);
+    // The placeholders ran: those that can be are written back (Note in WriteBack.h).
+    rec->write_back =
+        WriteBack::decide(*mutations, ins, rec->copied, fn.aliases, &rec->inputs, &refused);
   } catch (const c10::OutOfMemoryError& e) {
     *rec = Recording();
     mutations.reset();
@@ -440,8 +432,11 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     fn.eager_reason = std::string("it cannot be recorded as a graph: ") + e.what();
     // A rejected recording that ran to its end (the CPU emulation) computed the call's results:
     // they are returned rather than running the function again, whose side effects (a
-    // collective, on one rank only) would happen twice -- unless the run mutated an input.
-    const bool keep = e.ran() && mutations->firstMutated(&mutating_op) < 0;
+    // collective, on one rank only) would happen twice -- unless the run mutated an input, in
+    // any way WriteBack can tell (a write through DLPack moves no counter and no op shows it).
+    WriteBackRefusal no;
+    const bool keep = e.ran() && !WriteBack::mutatedAny(*mutations, ins, rec->copied, fn.aliases,
+                                                        rec->inputs, &no);
     mutations.reset();
     if (keep && live_.moveResultsOutOfPool(rec->outputs, rec->inputs, rec->copied)) {
       noteFallback(fn, fn.eager_reason);
@@ -465,10 +460,8 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     noteFallback(fn, fn.eager_reason);
     return false;
   }
-  if (mutated < 0) return true;  // the write-back of the recording call is publish()'s
-  fn.eager_reason = InputMutationCheck::reason(
-      mutated, mutating_op,
-      why_not.empty() ? "" : ", and the copy cannot be written back into it (" + why_not + ")");
+  if (!refused.refused()) return true;  // the write-back of the recording call is publish()'s
+  fn.eager_reason = refused.reason("");
   *rec = Recording();
   *fallback = runEager(fn, ins, run, fn.eager_reason);
   return false;
@@ -519,17 +512,18 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
   bookkeeping_.markExact();
   counters_.num_recordings++;
   policy_.noteRun(fn);
-  GRAPHTREES_LOG(LogLevel::kInfo,
-                 "recorded node " + std::to_string(raw->id()) + " for '" + fn.name + "' under " +
-                     whereOf(raw->parent()) + " (" + std::to_string(raw->copiedInputs().size()) +
-                     " copied inputs, " +
-                     (raw->writtenBack().empty()
-                          ? std::string()
-                          : std::to_string(raw->writtenBack().size()) + " written back, ") +
-                     std::to_string(raw->slots().size()) + " output blocks, " +
-                     bytesString(raw->poolBytes()) + " written)");
-  // The recording's mutations of copied inputs reach the caller now that no fallback can follow.
-  for (size_t k : raw->writtenBack()) ins[raw->copiedInputs()[k]].copy_(raw->placeholders()[k]);
+  GRAPHTREES_LOG(
+      LogLevel::kInfo,
+      "recorded node " + std::to_string(raw->id()) + " for '" + fn.name + "' under " +
+          whereOf(raw->parent()) + " (" + std::to_string(raw->copiedInputs().size()) +
+          " copied inputs, " +
+          (raw->writeBack().empty() ? std::string()
+                                    : std::to_string(raw->writeBack().size()) + " written back, ") +
+          std::to_string(raw->slots().size()) + " output blocks, " + bytesString(raw->poolBytes()) +
+          " written)");
+  // The recording's mutations of copied inputs reach the caller (`ins`: what it holds, Note
+  // [Copied inputs written back]) now that no fallback can follow.
+  raw->writeBack().apply(raw->placeholders(), ins);
   // Outputs aliasing an input a restore invalidated alias its clone: Note [The inputs a run uses].
   return {raw->buildOutputs(slot_storages, ins), RunKind::kRecord};
 }
@@ -538,7 +532,9 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
                                const std::vector<at::Tensor>& inputs, const RunFn& run) {
   const c10::Device device = backend_->device();
   const auto& copied = node.copiedInputs();
-  const std::vector<at::Tensor> sources = node.replaySources(inputs);
+  const auto written = [&node](uintptr_t b, uintptr_t e) { return node.overlapsFootprint(b, e); };
+  // Read before anything is written or invalidated (Note [Copied inputs written back]).
+  const std::vector<at::Tensor> sources = WriteBack::sources(copied, inputs, written);
   pinned_by_node_.erase(node.id());
   // Note [Footprints and stale outputs]: outputs in memory this replay writes are overwritten now.
   live_.invalidateIf(
@@ -549,8 +545,10 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   bookkeeping_.markStale();
   backend_->copyInputs(node.placeholders(), sources);
   node.graph().replay(run, inputs, copied, node.placeholders());
-  // Note [Copied inputs written back] in CopiedInputs.h (a cloned source: for aliasing outputs).
-  for (size_t k : node.writtenBack()) sources[k].copy_(node.placeholders()[k]);
+  // What the caller holds now: its own tensor, unless it was invalidated (then the clone the
+  // replay read), which the write-back fills and outputs aliasing the input alias.
+  const std::vector<at::Tensor> targets = WriteBack::targets(inputs, copied, sources, written);
+  node.writeBack().apply(node.placeholders(), targets);
   counters_.num_program_replays += node.graph().replaysProgram() ? 1 : 0;
   std::vector<c10::Storage> storages;
   storages.reserve(node.slots().size());
@@ -565,10 +563,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   fn.replays++;
   counters_.num_replays++;
   policy_.noteRun(fn);
-  // Outputs that alias an input this replay overwrote alias its clone instead.
-  std::vector<at::Tensor> alias_inputs = inputs;
-  for (size_t k = 0; k < copied.size(); ++k) alias_inputs[copied[k]] = sources[k];
-  return {node.buildOutputs(storages, alias_inputs), RunKind::kReplay, node.sharedGraph()};
+  return {node.buildOutputs(storages, targets), RunKind::kReplay, node.sharedGraph()};
 }
 
 TreeInfo TreeManager::snapshot() {

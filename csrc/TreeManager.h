@@ -152,7 +152,7 @@ class TreeManager {
                             CallResult* fallback);
   bool capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
                const CallKey& key, bool retried, Recording* rec, CallResult* fallback);
-  // Note [Copied inputs written back] in CopiedInputs.h.
+  // Note [Copied inputs written back] in WriteBack.h.
   // Note [Publishing a node]
   // The pool is checkpointed before the node is built and enters the tree: a checkpoint that
   // throws (c10's refuses blocks with pending cross-stream events) leaves the tree exactly as it

@@ -39,7 +39,7 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   node->key_ptrs_ = std::move(rec.key_ptrs);
   node->key_hash_ = rec.key_hash;
   node->copied_inputs_ = rec.copied;
-  node->written_back_ = rec.written_back;
+  node->write_back_ = std::move(rec.write_back);
   for (size_t i = 0; i < rec.inputs.size(); ++i) {
     if (rec.input_kinds[i] == InputKind::kStatic && rec.inputs[i].has_storage()) {
       node->static_storages_.push_back(rec.inputs[i].storage().getWeakStorageImpl());
@@ -103,7 +103,8 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   // recording is done (unless an output keeps them), and a replay copies into the same address.
   for (size_t k = 0; k < rec.copied.size(); ++k) {
     const auto& ph = rec.inputs[rec.copied[k]];
-    // The same tensor at two positions (FlatArgs::rekey) stays one tensor in every replay.
+    // One placeholder for the positions of one tensor (CopiedInputs::makePlaceholders made them
+    // share it: Note [Argument aliases]) stays one tensor in every replay.
     size_t same = 0;
     while (same < k &&
            rec.inputs[rec.copied[same]].unsafeGetTensorImpl() != ph.unsafeGetTensorImpl()) {
@@ -314,19 +315,6 @@ TreeNode* TreeNode::matchingChild(int64_t function_id, const std::vector<InputKi
     if (c->function_id_ == function_id) *mismatch = c->whyKeyDiffers(kinds, key_ptrs);
   }
   return nullptr;
-}
-
-// Copied inputs' current values, read before the replay writes anything: a source inside memory
-// the replay writes is cloned first.
-std::vector<at::Tensor> TreeNode::replaySources(const std::vector<at::Tensor>& inputs) const {
-  std::vector<at::Tensor> sources;
-  sources.reserve(copied_inputs_.size());
-  for (int64_t i : copied_inputs_) {
-    const at::Tensor& src = inputs[i];
-    const auto begin = reinterpret_cast<uintptr_t>(src.storage().data());
-    sources.push_back(overlapsFootprint(begin, begin + src.storage().nbytes()) ? src.clone() : src);
-  }
-  return sources;
 }
 
 void TreeNode::publish(NodeCheckpoint checkpoint) {

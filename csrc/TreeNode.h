@@ -24,6 +24,7 @@
 // cloned before the placeholders are written, so that the replay reads what the caller passed.
 
 #include "Backend.h"
+#include "WriteBack.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
@@ -89,9 +90,9 @@ struct Recording {
   std::vector<uint8_t> dense;       // per flat input: the placeholder has the caller's strides
   std::vector<at::Tensor> inputs;   // what the capture ran on (placeholders at copied positions)
   std::vector<at::Tensor> outputs;  // what the capture returned
-  // Positions in `copied` of the inputs it mutates: copied back into the caller's tensors after
-  // each replay (Note [Copied inputs written back] in CopiedInputs.h).
-  std::vector<size_t> written_back;
+  // The copied inputs it mutates: copied back into the caller's tensors after each replay (Note
+  // [Copied inputs written back] in WriteBack.h).
+  WriteBack write_back;
   std::unique_ptr<Graph> graph;
   c10::Device graph_device = c10::Device(c10::DeviceType::CPU);
 };
@@ -138,7 +139,7 @@ class TreeNode {
   const std::string& functionName() const { return function_name_; }
   const std::vector<InputKind>& inputKinds() const { return input_kinds_; }
   const std::vector<int64_t>& copiedInputs() const { return copied_inputs_; }
-  const std::vector<size_t>& writtenBack() const { return written_back_; }
+  const WriteBack& writeBack() const { return write_back_; }
   const std::vector<at::Tensor>& placeholders() const { return placeholders_; }
   const std::vector<Slot>& slots() const { return slots_; }
   int64_t numOutputs() const { return static_cast<int64_t>(outputs_.size()); }
@@ -197,10 +198,6 @@ class TreeNode {
   // outputs]).
   bool overlapsFootprint(uintptr_t begin, uintptr_t end) const;
 
-  // The values to copy into the placeholders before a replay, one per copied input: the call's
-  // input, or a clone of it where it lies in memory the replay writes.
-  std::vector<at::Tensor> replaySources(const std::vector<at::Tensor>& inputs) const;
-
   // Rebuilds the outputs over `storages` (one per slot) and the call's inputs.
   std::vector<at::Tensor> buildOutputs(const std::vector<c10::Storage>& storages,
                                        const std::vector<at::Tensor>& inputs) const;
@@ -215,7 +212,7 @@ class TreeNode {
   std::vector<InputKind> input_kinds_;
   std::vector<int64_t> copied_inputs_;    // flat indices of copied inputs
   std::vector<at::Tensor> placeholders_;  // non-owning views, parallel to copied_inputs_
-  std::vector<size_t> written_back_;      // positions in copied_inputs_ (Recording::written_back)
+  WriteBack write_back_;                  // Recording::write_back
   std::vector<uintptr_t> key_ptrs_;
   uint64_t key_hash_ = 0;
   std::vector<OutputInfo> outputs_;
