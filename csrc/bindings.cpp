@@ -3,6 +3,7 @@
 // proper types (ValueError, TypeError, ...) and TORCH_WARN reaches the warnings module.
 
 #include "BackendFactory.h"
+#include "BoxedCall.h"
 #include "FailureInjection.h"
 #include "GraphedCallable.h"
 #include "Logging.h"
@@ -239,6 +240,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__repr__", [](const GraphedCallable& g) {
         return "<graphtrees.GraphedCallable '" + g.name() + "'>";
       });
+
+  py::class_<BoxedCall> boxed(m, "BoxedCall", py::dynamic_attr(),
+                              "A GraphedCallable in AOTAutograd's boxed calling convention: "
+                              "called with one list of inputs, which it empties.");
+  boxed.def(py::init<std::shared_ptr<GraphedCallable>>(), py::arg("graphed"))
+      .def("__call__", wrap_pybind_function([](const BoxedCall& self, const py::handle& inputs) {
+             return self.call(inputs);
+           }))
+      .def("__repr__", [](const BoxedCall& b) {
+        return "<graphtrees.BoxedCall '" + b.graphed()->name() + "'>";
+      });
+  boxed.attr("_boxed_call") = true;
 
   m.def("mark_step_begin", &markStepBegin,
         "Starts a new step for the calling thread: its next graphed call begins a new "

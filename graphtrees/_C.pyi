@@ -29,6 +29,12 @@ class GraphedCallable:
     @property
     def options(self) -> dict[str, Any]: ...
 
+class BoxedCall:
+    _boxed_call: bool
+    graphed: list[GraphedCallable]
+    def __init__(self, graphed: GraphedCallable) -> None: ...
+    def __call__(self, inputs: list[Any]) -> Any: ...
+
 graph_option_names: tuple[str, ...]
 tree_counters: dict[str, str]
 failure_points: dict[str, str]

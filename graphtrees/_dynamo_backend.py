@@ -278,7 +278,16 @@ def _wrap(
         raise SkipError(f"graphtrees (strict=True): cannot record '{name}': {reason}")
     compiled = compile_fn(gm, example_inputs, static_idxs)
     graphed = _graphed(opts, compiled, static_idxs, mode, name, reason)
-    boxed = _boxed(graphed)
+    return _boxed_graphed(graphed)
+
+
+def _boxed_graphed(graphed: Any) -> Callable[[list], Any]:
+    """`graphed` in the boxed convention, with no Python frame of ours on a replay (Note [The
+    boxed call in C++], csrc/BoxedCall.h)."""
+    boxed = get_ext().BoxedCall(graphed)
+    # In its __dict__ as well as on the class: the wrappers AOTAutograd puts around a backward
+    # (torch._dynamo.disable, functools.wraps) copy the __dict__ only.
+    boxed._boxed_call = True
     boxed.graphed = [graphed]
     return boxed
 

@@ -81,7 +81,7 @@ def _partition_indices(partition_map: Any, idxs: set) -> list[int]:
 def _make_policy_class() -> type:
     from torch._inductor.cudagraph_utils import CUDAGraphPolicy
 
-    from ._dynamo_backend import _boxed, _graphed, _Options
+    from ._dynamo_backend import _boxed_graphed, _graphed, _Options
     from ._piecewise import label
 
     class GraphtreesPolicy(CUDAGraphPolicy):
@@ -101,9 +101,7 @@ def _make_policy_class() -> type:
         def _wrap(self, run: Callable, static: list[int], mode: Any, name: str, counts: bool):
             graphed = _graphed(self._opts, run, static, mode, name)
             graphed._counts_pending = counts
-            boxed = _boxed(graphed)
-            boxed.graphed = [graphed]  # as the backend's boxed graphs
-            return boxed
+            return _boxed_graphed(graphed)  # as the backend's boxed graphs
 
         def cudagraphify(
             self,

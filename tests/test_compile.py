@@ -3,7 +3,9 @@
 import copy
 import json
 import logging
+import os
 import re
+import sys
 
 import pytest
 import torch
@@ -666,3 +668,49 @@ def test_backwards_of_eager_forwards_run_in_the_callers_tree(device, tree_logs):
         compiled(x).pow(2).mean().backward()
         opt.step()
     assert tree_logs.text.count(f"created the {torch.device(device).type}") == 1, tree_logs.text
+
+
+def test_a_compiled_replay_runs_no_python_of_graphtrees(device):
+    # Note [The boxed call in C++]: AOTAutograd calls the recorded graph as compiled_fn(args); a
+    # replay goes from its runtime wrapper straight into C++, with no frame of graphtrees' own.
+    def f(x):
+        return torch.relu(x * 2 + 1)
+
+    # aot_eager: a CPU replay then runs the recorded ops from C++ (Inductor's CPU kernels are not
+    # dispatcher ops, and the CPU backend replays them by running the compiled function).
+    compiled = graphtrees.compile(f, inner="aot_eager")
+    x = torch.randn(16, device=device)
+    frames = []
+
+    def profiler(frame, event, arg):
+        if event == "call":
+            frames.append(frame.f_code.co_filename)
+
+    with torch.no_grad():
+        for _ in range(3):  # warm up, record, replay
+            compiled(x)
+        replays = info(device)["num_replays"]
+        sys.setprofile(profiler)
+        try:
+            out = compiled(x)
+        finally:
+            sys.setprofile(None)
+    assert info(device)["num_replays"] == replays + 1
+    assert_close(out, f(x))
+    package = os.path.dirname(graphtrees.__file__)
+    ours = [path for path in frames if os.path.abspath(path).startswith(package)]
+    assert frames and not ours, ours
+
+
+def test_the_boxed_call_takes_a_list_and_empties_it(device):
+    graphed = graphtrees._C.GraphedCallable(lambda a, b: a * b + 1, {}, None, "boxed")
+    boxed = graphtrees._C.BoxedCall(graphed)
+    assert boxed._boxed_call is True  # AOTAutograd's mark of the boxed convention
+    a, b = torch.randn(4, device=device), torch.randn(4, device=device)
+    with torch.no_grad():
+        for _ in range(3):
+            inputs = [a, b]
+            assert_close(boxed(inputs), a * b + 1)
+            assert inputs == []  # the callee owns the inputs, as AOTAutograd expects
+    with pytest.raises(TypeError, match="one list"):
+        boxed((a, b))
