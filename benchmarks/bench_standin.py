@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+import types
 
 import torch
 
@@ -39,6 +40,13 @@ def f(x):
     for _ in range(10):
         x = x * 1.5 + 1.0
     return x
+
+
+def fresh(fn):
+    """`fn` under a code object of its own. Dynamo keeps its compiled entries per code object and
+    checks them in turn: variants compiled from one function would pay for each other's guards, in
+    an order that changes between processes (benchmarks/bench_compile_path.py)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
 def per_call_us(fn, iters):
@@ -80,15 +88,15 @@ def bench_overhead(iters, rounds):
         "cudagraphify, copied input": (lambda g: lambda: g(x))(
             graphtrees.cudagraphify(f, name="copied")
         ),
-        "dynamo alone": (lambda c: lambda: c(x))(torch.compile(f, backend=ready_backend)),
+        "dynamo alone": (lambda c: lambda: c(x))(torch.compile(fresh(f), backend=ready_backend)),
         "dynamo + AOTAutograd alone": (lambda c: lambda: c(x))(
-            torch.compile(f, backend=aot_ready_backend)
+            torch.compile(fresh(f), backend=aot_ready_backend)
         ),
         'torch.compile(backend="graphtrees")': (lambda c: lambda: c(x))(
-            torch.compile(f, backend="graphtrees")
+            torch.compile(fresh(f), backend="graphtrees")
         ),
         'torch.compile(mode="reduce-overhead")': (lambda c: lambda: c(x))(
-            torch.compile(f, mode="reduce-overhead")
+            torch.compile(fresh(f), mode="reduce-overhead")
         ),
     }
     with torch.no_grad():
