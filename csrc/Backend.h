@@ -162,6 +162,12 @@ class Backend {
   virtual void copyInputs(const std::vector<at::Tensor>& dst,
                           const std::vector<at::Tensor>& src) = 0;
 
+  // A graphed call begins, and has queued all of its work (write-back included): a backend whose
+  // work runs asynchronously on the caller's streams orders the pool's users there (CUDA: Note
+  // [Streams of the pool] in cuda/PoolStreams.cpp). The CPU emulation runs synchronously.
+  virtual void beginCall() {}
+  virtual void endCall() {}
+
   // Both wait for the work queued on the pool's memory first (the device synchronisation is
   // theirs, not the caller's). restore() throws RestoreError on failure.
   virtual std::shared_ptr<Checkpoint> checkpoint() = 0;

@@ -1,6 +1,7 @@
 #include "TreeManager.h"
 
 #include "AutocastState.h"
+#include "BackendCall.h"
 #include "CopiedInputs.h"
 #include "FailureInjection.h"
 #include "InputMutationCheck.h"
@@ -122,7 +123,9 @@ TreeManager::CallKey TreeManager::keyOf(const FunctionRecord& fn,
 CallResult TreeManager::call(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                              const RunFn& run) {
   CallDepthGuard depth;
+  BackendCall backend_call(*backend_);  // Note [Streams of the pool] in cuda/PoolStreams.cpp
   CallResult result = callImpl(fn, inputs, run);
+  backend_call.end();
   finishRun(fn, result);
   return result;
 }

@@ -1,5 +1,6 @@
 #include "WriteBack.h"
 
+#include "OwnSyncScope.h"
 #include "TreeNode.h"
 
 #include <ATen/ops/equal.h>
@@ -25,7 +26,11 @@ at::Tensor hostBytes(const at::Tensor& t) {
   range.storage_offset = t.storage_offset() * item;
   range.dtype = c10::ScalarType::Byte;
   range.device = t.device();
-  const at::Tensor host = makeTensor(t.storage(), range).to(c10::Device(c10::DeviceType::CPU));
+  at::Tensor host;
+  {
+    OwnSyncScope own;  // Note [Syncs of graphtrees' own] in OwnSyncScope.cpp
+    host = makeTensor(t.storage(), range).to(c10::Device(c10::DeviceType::CPU));
+  }
   std::vector<int64_t> sizes = t.sizes().vec();
   std::vector<int64_t> strides = t.strides().vec();
   for (auto& s : strides) s *= item;

@@ -267,6 +267,44 @@ def test_deferred_mode_turns_a_missing_stream_dependency_into_a_wrong_value():
     assert eager.strip().endswith("right")  # eager mode runs everything at once
 
 
+def test_synchronising_the_legacy_stream_while_a_blocking_stream_captures_is_refused():
+    # The legacy default stream waits for every blocking stream: synchronising it while another
+    # thread captures on one (thread-local mode, which frees other threads of the unsafe-call
+    # rule) is cudaErrorStreamCaptureImplicit, and the capture is invalidated.
+    code = (
+        "import ctypes, os, threading, torch\n"
+        "rt = ctypes.CDLL('libcudart.so.13', mode=os.RTLD_NOLOAD)\n"
+        "h = ctypes.c_void_p()\n"
+        "assert rt.cudaStreamCreateWithFlags(ctypes.byref(h), ctypes.c_uint({flags})) == 0\n"
+        "s = torch.cuda.ExternalStream(h.value)\n"
+        "a = torch.ones(1024, device='cuda')\n"
+        "torch.cuda.synchronize()\n"
+        "started, release, result = threading.Event(), threading.Event(), []\n"
+        "def capture():\n"
+        "    try:\n"
+        "        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=s,\n"
+        "                              capture_error_mode='thread_local'):\n"
+        "            a.clone(); started.set(); release.wait(60)\n"
+        "        result.append('captured')\n"
+        "    except RuntimeError as e:\n"
+        "        result.append('capture failed')\n"
+        "    started.set()\n"
+        "t = threading.Thread(target=capture); t.start(); started.wait(60)\n"
+        "try:\n"
+        "    torch.cuda.default_stream().synchronize()\n"
+        "    print('sync ok')\n"
+        "except RuntimeError as e:\n"
+        "    print('sync refused:', 'legacy' in str(e) or 'implicit' in str(e).lower())\n"
+        "torch.cuda.Stream().synchronize()  # a non-blocking stream: legal\n"
+        "release.set(); t.join()\n"
+        "print(result[0])\n"
+    )
+    blocking = run_on_standin(code.format(flags=0), CUDA_STANDIN_QUIET="1")
+    assert "sync refused: True" in blocking and "capture failed" in blocking, blocking
+    non_blocking = run_on_standin(code.format(flags=1), CUDA_STANDIN_QUIET="1")
+    assert "sync ok" in non_blocking and "captured" in non_blocking, non_blocking
+
+
 def test_expandable_segments_map_virtual_memory():
     code = (
         "import torch, sys\n"

@@ -83,20 +83,13 @@ at::HostAllocator* hostAllocator() {
   return at::getHostAllocator(at::kCUDA);
 }
 
-cudaStream_t createStream(c10::DeviceIndex device) {
-  c10::cuda::CUDAGuard guard(device);
-  cudaStream_t s = nullptr;
-  C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return s;
-}
-
 }  // namespace
 
 CudaBackend::CudaBackend(c10::Device device)
     : device_(device),
       pool_(at::cuda::graph_pool_handle()),
-      own_stream_(createStream(device.index())),
-      stream_(c10::cuda::getStreamFromExternal(own_stream_, device.index())),
+      streams_(device.index()),
+      stream_(streams_.stream()),
       limit_(device.index()) {
   c10::cuda::CUDAGuard guard(device_.index());
   // The tree holds one reference to its pool for its whole life, in both allocators. The host
@@ -123,35 +116,15 @@ CudaBackend::~CudaBackend() {
     GRAPHTREES_LOG(LogLevel::kWarning,
                    std::string("releasing the CUDA pool failed: ") + messageOf(e));
   }
-  c10::cuda::CUDAGuard guard(device_.index());
-  if (cudaStreamSynchronize(own_stream_) != cudaSuccess ||
-      cudaStreamDestroy(own_stream_) != cudaSuccess) {
-    (void)cudaGetLastError();  // an asynchronous error surfaced by releasePool() already
-  }
 }
 
-void CudaBackend::noteStream(cudaStream_t s) {
-  if (s != own_stream_ &&
-      std::find(replay_streams_.begin(), replay_streams_.end(), s) == replay_streams_.end()) {
-    replay_streams_.push_back(s);
-  }
+// Note [Streams of the pool] in PoolStreams.cpp.
+void CudaBackend::beginCall() {
+  streams_.beginCall();
 }
 
-void CudaBackend::syncPoolStreams() {
-  c10::cuda::CUDAGuard guard(device_.index());
-  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
-  runBlocking([&] {
-    stream_.synchronize();
-    current.synchronize();
-    for (cudaStream_t s : replay_streams_) {
-      const cudaError_t e = cudaStreamSynchronize(s);
-      if (e == cudaErrorInvalidResourceHandle) {  // a user's external stream, destroyed since
-        (void)cudaGetLastError();
-        continue;
-      }
-      C10_CUDA_CHECK(e);
-    }
-  });
+void CudaBackend::endCall() {
+  streams_.endCall();
 }
 
 // Releases first and synchronises last, so that an asynchronous error of earlier work (a
@@ -172,8 +145,10 @@ void CudaBackend::releasePool() {
   // blocks the allocator thinks are allocated: those stay.
   collectError(&error, "emptyCache", [&] { CCA::emptyCache(pool_); });
   collectError(&error, "empty the host cache", [&] { hostAllocator()->empty_cache(); });
-  collectError(&error, "synchronize", [&] { syncPoolStreams(); });
-  replay_streams_.clear();
+  collectError(&error, "synchronize", [&] {
+    streams_.join();
+    streams_.sync();
+  });
   TORCH_CHECK(!consumeInjectedFailure(FailurePoint::kReleasePool),
               "graphtrees: injected failure after releasing the CUDA pool");
   TORCH_CHECK(error.empty(), "graphtrees: releasing the pool of the ", device_, " tree: ", error,
@@ -192,8 +167,8 @@ void CudaBackend::beginAllocateToPool() {
   bool routed = false;
   try {
     c10::cuda::CUDAGuard guard(device_.index());
-    // The tree's stream starts after the caller's work: wait for it.
-    syncPoolStreams();
+    // The tree's stream starts after the caller's work and the pool's last use.
+    streams_.join();
     at::cuda::clearCublasWorkspaces();  // so that a workspace is not created inside the pool
     const auto tid = std::this_thread::get_id();
     const int uses_before = CCA::getPoolUseCount(device_.index(), pool_);
@@ -224,7 +199,6 @@ void CudaBackend::beginAllocateToPool() {
   // made with a bare "cuda" device land in this pool.
   routing_device_.set_index(device_.index());
   saved_stream_ = c10::cuda::getCurrentCUDAStream(device_.index());
-  noteStream(saved_stream_->stream());  // the caller reads the outputs there
   c10::cuda::setCurrentCUDAStream(stream_);
 }
 
@@ -245,7 +219,7 @@ void CudaBackend::endAllocateToPool() {
     collectError(&error, "clearCublasWorkspaces", [] { at::cuda::clearCublasWorkspaces(); });
     // Synchronise last: the caller's stream sees the results, and an asynchronous error of the
     // routed work surfaces here, as an exception of this call.
-    collectError(&error, "synchronize", [&] { syncPoolStreams(); });
+    collectError(&error, "synchronize", [&] { streams_.sync(); });
     collectError(&error, "snapshot", [&] { refreshSegments(); });
   }
   routing_device_.reset();
@@ -326,8 +300,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
   const std::string& function_name = spec.function_name;
   DeviceLock lock(device_.index());  // Note [One allocation phase per device]
   c10::cuda::CUDAGuard guard(device_.index());
-  noteStream(c10::cuda::getCurrentCUDAStream(device_.index()).stream());
-  syncPoolStreams();
+  streams_.join();  // Note [Streams of the pool]
   at::cuda::clearCublasWorkspaces();
   // Blocks allocated before the capture (PoolLayout::footprintSince).
   const auto allocated_before = layout().allocated();
@@ -422,12 +395,11 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     }
     graph->replay();  // the recording's outputs hold real values from here on
   }
-  syncPoolStreams();
+  streams_.sync();
   at::cuda::clearCublasWorkspaces();
   refreshSegments();
   std::vector<Interval> footprint = layout().footprintSince(allocated_before, inputs, *outputs);
-  return std::make_unique<CudaGraph>(std::move(graph), std::move(footprint), device_.index(),
-                                     &replay_streams_);
+  return std::make_unique<CudaGraph>(std::move(graph), std::move(footprint), device_.index());
 }
 
 void CudaBackend::copyInputs(const std::vector<at::Tensor>& dst,
@@ -440,7 +412,8 @@ void CudaBackend::copyInputs(const std::vector<at::Tensor>& dst,
 std::shared_ptr<Checkpoint> CudaBackend::checkpoint() {
   DeviceLock lock(device_.index());
   c10::cuda::CUDAGuard guard(device_.index());
-  syncPoolStreams();
+  streams_.join();
+  streams_.sync();
   // c10 refuses to checkpoint a block with pending events (a record_stream() on a pool tensor);
   // an allocation made with no routing active processes the completed ones. It is only needed
   // when events are pending, so a device too full for it skips it (review 4, #15).
@@ -504,7 +477,8 @@ RestoreResult CudaBackend::restore(const Checkpoint& checkpoint) {
   DeviceLock lock(device_.index());
   c10::cuda::CUDAGuard guard(device_.index());
   try {
-    syncPoolStreams();  // setCheckpointPoolState needs every block's events done
+    streams_.join();
+    streams_.sync();  // setCheckpointPoolState needs every block's events done
   } catch (const std::exception& e) {
     throw RestoreError(std::string("synchronize: ") + messageOf(e), /*pool_unchanged=*/true);
   }

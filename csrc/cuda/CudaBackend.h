@@ -9,16 +9,19 @@
 //               then emptyCache(pool) and the host allocator's empty_cache() hand the memory back
 //   warmup      beginAllocateToPool(thread filter) on the tree's own stream and device (a device
 //               guard held while routed), cuBLAS workspaces cleared around it;
-//               endAllocateToPool() + releasePool() (balances begin's incref), streams synced last
+//               endAllocateToPool() + releasePool() (balances begin's incref), the tree's stream
+//               synced last
 //   capture     CUDAGraph::capture_begin(pool, thread-local mode) on the tree's stream, generator
 //               arguments registered first, Python's GC paused; one replay; cuBLAS workspaces
 //               cleared after it, kept or not. A failed capture is undone by hand (Note
 //               [Rejected captures on CUDA] in CudaBackend.cpp)
 //   replay      CUDAGraph::replay() on the caller's current stream (inputs copied on that stream)
-//   checkpoint  getCheckpointState(); restore: setCheckpointPoolState() after the streams that
-//               touched the pool are synced
+//   checkpoint  getCheckpointState(); restore: setCheckpointPoolState() after the pool's work is
+//               done
 // Everything except replay runs under the device's allocation lock (Note [One allocation phase
-// per device] in DeviceLock.h) and waits for streams, never for the whole device.
+// per device] in DeviceLock.h). The streams using the pool are ordered by an event of the tree's,
+// and the host waits for the tree's own stream only (Note [Streams of the pool] in
+// PoolStreams.cpp): never for a caller's stream, the legacy default stream or the whole device.
 // Compiles against torch 2.11 and 2.14: the calls above have the same spelling in both; what
 // differs (capture_end's clean-up, the generators' capture state) is gated on TORCH_VERSION_MINOR
 // or detected from the headers' declarations.
@@ -26,6 +29,7 @@
 #include "Backend.h"
 #include "cuda/MemoryLimit.h"
 #include "cuda/PoolLayout.h"
+#include "cuda/PoolStreams.h"
 
 #include <c10/core/Device.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -56,6 +60,8 @@ class CudaBackend final : public Backend {
                                  std::vector<at::Tensor>* outputs,
                                  const CaptureSpec& spec) override;
   void copyInputs(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override;
+  void beginCall() override;
+  void endCall() override;
   std::shared_ptr<Checkpoint> checkpoint() override;
   RestoreResult restore(const Checkpoint& checkpoint) override;
   void freeBlock(void* ptr) override;
@@ -79,30 +85,21 @@ class CudaBackend final : public Backend {
   // reference the capture took (`uses_before`: the pool's use count before it). `host_routed`:
   // capture_begin() got as far as routing the host allocator.
   void abandonCapture(std::unique_ptr<TreeGraph> graph, int uses_before, bool host_routed);
-  // Waits (GIL released) for the tree's stream, the caller's current stream and every stream a
-  // replay ran on: all the work that can touch the pool. Legal while another stream captures,
-  // unlike a device synchronisation.
-  void syncPoolStreams();
 
   c10::Device device_;
   c10::cuda::MempoolId_t pool_;
   bool pool_alive_ = false;
   bool poisoned_ = false;  // a failed setCheckpointPoolState left the pool inconsistent
   // The tree's own stream (review 4, #10): not one of c10's pooled streams, which
-  // torch.cuda.Stream() hands out again, so nobody else's kernels land in its captures.
-  cudaStream_t own_stream_ = nullptr;
-  c10::cuda::CUDAStream stream_;
+  // torch.cuda.Stream() hands out again, so nobody else's kernels land in its captures; never
+  // destroyed. With the event that orders the pool's users (both Notes in PoolStreams.cpp).
+  PoolStreams streams_;
+  c10::cuda::CUDAStream stream_;                       // streams_.stream()
   std::optional<c10::cuda::CUDAStream> saved_stream_;  // during pool routing
   c10::cuda::OptionalCUDAGuard routing_device_;        // during pool routing
   std::vector<Interval> segments_;                     // cached for inPool()
   MemoryLimit limit_;                                  // graphtrees.set_memory_budget
   int routing_locks_ = 0;  // device locks held between begin- and endAllocateToPool
-  // The streams the pool's memory was used on: replays ran on them (noted by the graphs, which
-  // the backend outlives; calls of one tree are serialised by its lock), and warmups' and
-  // recordings' callers read their outputs on them (review 4, #8). syncPoolStreams() waits for
-  // them. A handful at most.
-  std::vector<cudaStream_t> replay_streams_;
-  void noteStream(cudaStream_t s);
 };
 
 // Returns nullptr (with `why_not`) when CUDA graphs cannot be used: the allocator is not c10's

@@ -3,7 +3,6 @@
 #include "cuda/DeviceLock.h"
 
 #include <ATen/cuda/CUDAGeneratorImpl.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
 #include <utility>
@@ -141,11 +140,6 @@ CudaGraph::~CudaGraph() {
 void CudaGraph::replay(const RunFn& /*run*/, const std::vector<at::Tensor>& /*inputs*/,
                        const std::vector<int64_t>& /*copied*/,
                        const std::vector<at::Tensor>& /*placeholders*/) {
-  const cudaStream_t s = c10::cuda::getCurrentCUDAStream(device_).stream();
-  if (C10_UNLIKELY(std::find(replay_streams_->begin(), replay_streams_->end(), s) ==
-                   replay_streams_->end())) {
-    replay_streams_->push_back(s);
-  }
   if (draws_random_numbers_ && CaptureGate::needed()) {
     // Note [Random numbers while a graph is captured] in DeviceLock.h.
     CaptureGate gate(device_, /*exclusive=*/false);

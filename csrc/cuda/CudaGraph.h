@@ -35,20 +35,19 @@ struct TreeGraph : at::cuda::CUDAGraph {
 
 class CudaGraph final : public Graph {
  public:
-  // `replay_streams`: the backend's list of the streams replays ran on, which it outlives.
   CudaGraph(std::unique_ptr<TreeGraph> graph, std::vector<Interval> footprint,
-            c10::DeviceIndex device, std::vector<cudaStream_t>* replay_streams)
+            c10::DeviceIndex device)
       : graph_(std::move(graph)),
         footprint_(std::move(footprint)),
         device_(device),
-        replay_streams_(replay_streams),
         draws_random_numbers_(graph_->drawsRandomNumbers()) {}
   // Destroys the graph under the device's allocation lock: ~CUDAGraph unregisters it from the
   // generators' states, which torch 2.11 does not synchronise (review 4, #11).
   ~CudaGraph() override;
 
   // The addresses are baked into the graph: no Python runs, inputs are already in place. On the
-  // caller's current stream of the graph's device.
+  // caller's current stream of the graph's device, which the call ordered after the pool's other
+  // users (Note [Streams of the pool] in PoolStreams.cpp).
   void replay(const RunFn& run, const std::vector<at::Tensor>& inputs,
               const std::vector<int64_t>& copied,
               const std::vector<at::Tensor>& placeholders) override;
@@ -58,7 +57,6 @@ class CudaGraph final : public Graph {
   std::unique_ptr<TreeGraph> graph_;
   std::vector<Interval> footprint_;
   c10::DeviceIndex device_;
-  std::vector<cudaStream_t>* replay_streams_;
   bool draws_random_numbers_;
 };
 

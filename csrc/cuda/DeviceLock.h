@@ -7,8 +7,9 @@
 // the device, so everything a tree does with the allocator -- warmups (routed), placeholder
 // copies, captures, checkpoints, restores and the release of its pool -- holds the device's
 // allocation lock, taken with the GIL released. Replays do not take it: they launch a graph and
-// allocate nothing. Waits are for streams (the tree's, the caller's and those replays ran on),
-// never for the whole device, so a user's own capture on another stream stays valid too. With
+// allocate nothing. The host waits for the tree's own stream only (Note [Streams of the pool] in
+// PoolStreams.cpp), never for the whole device or the legacy default stream, so a user's own
+// capture on another stream stays valid too. With
 // one phase at a time per device, the memory fraction that a budget lowers (applyLimit) is saved
 // and restored by one tree at a time.
 

@@ -12,7 +12,9 @@
 // implicit synchronisation with blocking streams (the legacy stream waits for every blocking
 // stream, and they wait for it; cudaStreamNonBlocking streams, which c10 uses, take no part).
 // Running a stream's queue up to a point first runs, recursively, everything that work depends
-// on -- and nothing else.
+// on -- and nothing else. So synchronising the legacy stream waits for the blocking streams: while
+// one of them captures, in any thread and mode, that is cudaErrorStreamCaptureImplicit and
+// invalidates the capture, as work submitted to the legacy stream is (Note [Stand-in captures]).
 //   - Eager mode (the default): work runs when it is submitted, so every stream is always idle.
 //   - Deferred mode (CUDA_STANDIN_DEFERRED=1): work runs only when the host waits for it --
 //     cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, a synchronous copy
@@ -223,6 +225,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     stats().unsafe_calls++;
     return fail(cudaErrorStreamCaptureUnsupported,
                 "cudaStreamSynchronize: the stream is capturing");
+  }
+  if (s->legacy) {
+    // The legacy stream waits for every blocking stream, a capturing one too, from any thread.
+    bool captured = false;
+    cudaError_t e = captureCheck(s, "cudaStreamSynchronize", &captured);
+    if (e != cudaSuccess) {
+      stats().unsafe_calls++;
+      return e;
+    }
   }
   cudaError_t e = checkUnsafe("cudaStreamSynchronize");
   if (e != cudaSuccess) return e;
