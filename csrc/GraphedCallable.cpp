@@ -16,6 +16,7 @@
 #include <iterator>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 
 namespace graphtrees {
 
@@ -105,23 +106,33 @@ void GraphedCallable::refreshModuleTensors() {
 
 std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c10::Device device) {
   // Objects whose hashes collide with a signature's, but that are not its objects, get a key of
-  // their own (Note [Objects in the call signature]).
-  std::string key = flat.key;
-  for (int variant = 0;; ++variant) {
-    auto found = signatures_.find(key);
-    if (!found) break;
-    if (found->key_objects.matches(flat.key_objects)) return found;
+  // their own, a variant (Note [Objects in the call signature]). Evictions leave holes in the
+  // chain of variants: every variant ever made is looked at, and a new one fills the first hole.
+  const auto variantKey = [&](int64_t v) {
+    return v < 0 ? flat.key : flat.key + '\x01' + std::to_string(v);
+  };
+  int64_t hole = -2;
+  for (int64_t v = -1; v <= max_variant_; ++v) {
+    const std::string k = variantKey(v);
+    auto found = signatures_.peek(k);
     // An argument object it was made for has died: it can never match again, and its
-    // recordings go with it (unless one is on the current path: then the next variant).
-    if (found->key_objects.anyDead() &&
+    // recordings go with it (unless one is on the current path: then it stays).
+    if (found && !found->key_objects.matches(flat.key_objects) && found->key_objects.anyDead() &&
         TreeRegistry::evictFunction(
             found->device, found->record.id,
             "'" + found->record.name + "' was recorded for an argument object that was freed")) {
-      signatures_.erase(key);
-      break;
+      signatures_.erase(k);
+      found = nullptr;
     }
-    key = flat.key + '\x01' + std::to_string(variant);
+    if (!found) {
+      if (hole == -2) hole = v;
+      continue;
+    }
+    if (found->key_objects.matches(flat.key_objects)) return signatures_.find(k);
   }
+  if (hole == -2) hole = max_variant_ + 1;
+  const std::string key = variantKey(hole);
+  signatures_.find(key);  // counts the call (none there): Note [Eviction without thrashing]
   const bool room = signatures_.makeRoom([&](const Signature& victim) {
     return TreeRegistry::evictFunction(
         victim.device, victim.record.id,
@@ -148,6 +159,7 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
   r.generators = flat.generators;
   sig->key_objects.hold(flat.key_objects);
   signatures_.insert(key, sig);
+  max_variant_ = std::max(max_variant_, hole);
   return sig;
 }
 
@@ -175,13 +187,16 @@ py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwa
   const std::optional<c10::Device> device =
       flat.tensors.empty() ? flat.unsupported_device : flat.tensors[0].device();
   if (device && (device->is_cpu() || device->is_cuda())) {
-    tree = TreeRegistry::acquire(*device, /*create=*/true);  // it counts the fallback
+    // The thread's tree counts the fallback; no tree (nor CUDA stream) is made only for that.
+    tree = TreeRegistry::acquire(*device, /*create=*/false);
+    if (!tree) TreeRegistry::countFallbackWithoutTree(*device);
   }
   if (tree) {
     tree->noteFallback(unsupported_, reason);
   } else if (logged_reasons_.insert(reason).second) {
     GRAPHTREES_LOG(LogLevel::kWarning, "running '" + name_ + "' eagerly: " + reason);
   }
+  tree = TreeRegistry::Handle();  // Note [User code outside the tree lock] in TreeLock.h
   return fn_(*args, **kwargs);
 }
 
@@ -203,18 +218,20 @@ int64_t GraphedCallable::batchOf(const FlatArgs& flat) const {
 
 void GraphedCallable::resizeBatch(FlatArgs* flat, int64_t from, int64_t to) const {
   const int64_t d = options_.bucket_dim;
+  // The same tensor at several positions stays one tensor (Note [Argument aliases]).
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> resized;
   for (size_t i = 0; i < flat->keyed_tensors; ++i) {
     at::Tensor& t = flat->tensors[i];
     if (flat->is_static[i] || t.dim() <= d || t.size(d) != from) continue;
-    if (to <= from) {
-      t = t.narrow(d, 0, to).clone();
-      continue;
+    at::Tensor& done = resized[t.unsafeGetTensorImpl()];
+    if (!done.defined() && to <= from) done = t.narrow(d, 0, to).clone();
+    if (!done.defined()) {
+      std::vector<int64_t> sizes = t.sizes().vec();
+      sizes[d] = to;
+      done = at::zeros(sizes, t.options());
+      done.narrow(d, 0, from).copy_(t);
     }
-    std::vector<int64_t> sizes = t.sizes().vec();
-    sizes[d] = to;
-    at::Tensor padded = at::zeros(sizes, t.options());
-    padded.narrow(d, 0, from).copy_(t);
-    t = std::move(padded);
+    t = done;
   }
   flat->rekey();
 }
@@ -466,7 +483,8 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
                        : sig.spec->unflatten(r.outputs, args, kwargs);
   result = py::object();
   r.outputs.clear();
-  tree->debugCheck(sig.record, r.kind);
+  if (tree) tree->debugCheck(sig.record, r.kind);  // none: it ran eagerly, nested (TreeLock.h)
+  tree = TreeRegistry::Handle();                   // the verifier's eager run is user code
   if (verifier && r.kind == RunKind::kReplay) {
     return verifier->check(fname, options_.verify, std::move(out), *r.graph,
                            [&](const std::vector<at::Tensor>& copies) {
@@ -475,6 +493,24 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
                            });
   }
   return out;
+}
+
+GraphedCallable::~GraphedCallable() {
+  if (!evict_when_freed_) return;
+  try {
+    evictRecordings("was freed (its compiled graph is gone)");
+  } catch (const std::exception& e) {
+    GRAPHTREES_LOG(LogLevel::kWarning,
+                   "evicting the recordings of '" + name_ + "', which was freed: " + e.what());
+  }
+}
+
+void GraphedCallable::evictRecordings(const std::string& why) {
+  signatures_.forEach([&](const Signature& sig) {
+    TreeRegistry::evictFunction(sig.device, sig.record.id, "'" + sig.record.name + "' " + why,
+                                /*later=*/true);
+  });
+  signatures_.clear();
 }
 
 py::list GraphedCallable::signatures() const {

@@ -37,6 +37,18 @@ class GraphedCallable {
   // Per-signature state, for introspection.
   py::list signatures() const;
   const std::string& name() const { return name_; }
+  // With evictWhenFreed(), removes its recordings from every tree (as evictRecordings()).
+  ~GraphedCallable();
+  GraphedCallable(const GraphedCallable&) = delete;
+  GraphedCallable& operator=(const GraphedCallable&) = delete;
+
+  // Forgets every signature and removes their recordings from every tree (those on a tree's
+  // current path once the path moves off them): torch._dynamo.reset() with graphtrees.install().
+  void evictRecordings(const std::string& why);
+  // Whether its recordings leave the trees when it is freed: graphtrees.install()'s functions,
+  // which torch._dynamo.reset() frees before it calls the hook that would evict them.
+  void setEvictWhenFreed(bool evict) { evict_when_freed_ = evict; }
+  bool evictWhenFreed() const { return evict_when_freed_; }
   // FunctionRecord::counts_pending of the signatures made from now on.
   void setCountsPending(bool counts) { counts_pending_ = counts; }
   bool countsPending() const { return counts_pending_; }
@@ -74,6 +86,10 @@ class GraphedCallable {
   int64_t callable_id_;
   int64_t signatures_created_ = 0;
   int64_t signatures_ran_ = 0;  // signatures with a call that returned (the warning counts these)
+  // The highest variant of a key ever made (Note [Objects in the call signature]): lookups scan
+  // every variant up to it, past those evicted since.
+  int64_t max_variant_ = -1;
+  bool evict_when_freed_ = false;
   FunctionRecord unsupported_;  // for fallbacks decided before a signature exists
   std::unordered_set<std::string> logged_reasons_;  // fallbacks with no tree to count them
   // The module's parameters and buffers with their index (Note [Argument aliases]), swapped as

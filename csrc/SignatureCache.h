@@ -41,6 +41,11 @@ class SignatureCache {
   // The signature of `key`, or nullptr; counts one use either way. Shared, so that a call in
   // flight keeps its signature even if another thread evicts it.
   std::shared_ptr<Signature> find(const std::string& key);
+  // The signature of `key`, or nullptr, without counting a use.
+  std::shared_ptr<Signature> peek(const std::string& key) const {
+    auto it = signatures_.find(key);
+    return it == signatures_.end() ? nullptr : it->second;
+  }
   // Whether a new signature may be added: true when there is room, or when the least recently
   // used one could be evicted through `evict` (which removes its recordings from their tree and
   // returns false while one is on the current path; the next candidate is tried). False when the
@@ -48,6 +53,7 @@ class SignatureCache {
   bool makeRoom(const std::function<bool(const Signature& victim)>& evict);
   void insert(const std::string& key, std::shared_ptr<Signature> sig);
   void erase(const std::string& key) { signatures_.erase(key); }
+  void clear() { signatures_.clear(); }
 
   size_t size() const { return signatures_.size(); }
   int maxRecordedShapes() const { return max_; }

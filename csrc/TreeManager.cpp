@@ -14,7 +14,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <optional>
 
 namespace graphtrees {
 namespace {
@@ -53,7 +52,7 @@ TreeManager::~TreeManager() {
 }
 
 void TreeManager::close() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<TreeLock> lock(lock_);
   if (closed_) return;
   closed_ = true;
   pinned_by_node_.clear();
@@ -291,7 +290,11 @@ int64_t TreeManager::evictForMemory(const std::vector<at::Tensor>& inputs, std::
   return freed;
 }
 
-bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
+bool TreeManager::evictFunction(int64_t function_id, const std::string& why, bool later) {
+  if (lock_.callInFlight()) {  // Note [User code outside the tree lock] in TreeLock.h
+    pending_evictions_.emplace_back(function_id, why);
+    return true;
+  }
   std::vector<TreeNode*> victims;
   forEachNode(root_, [&](TreeNode& n) {
     if (n.functionId() != function_id) return true;
@@ -299,7 +302,9 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
     return false;
   });
   for (TreeNode* v : victims) {  // the path holds every ancestor of its nodes
-    if (std::find(path_.begin(), path_.end(), v) != path_.end()) return false;
+    if (std::find(path_.begin(), path_.end(), v) == path_.end()) continue;
+    if (later) pending_evictions_.emplace_back(function_id, why);
+    return later;
   }
   for (TreeNode* v : victims) {
     GRAPHTREES_LOG(LogLevel::kInfo, "evicted node " + std::to_string(v->id()) + " ('" +
@@ -307,6 +312,7 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why) {
     removeNode(v, "its recording was evicted: " + why);
   }
   pinned_by_warmup_function_.erase(function_id);
+  functions_.erase(function_id);  // its state here (warmups, generators): it never runs again
   counters_.num_evictions++;
   return true;
 }

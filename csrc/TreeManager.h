@@ -13,12 +13,14 @@
 #include "PoolBookkeeping.h"
 #include "ThreadState.h"
 #include "TreeInfo.h"
+#include "TreeLock.h"
 #include "TreeNode.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -40,17 +42,20 @@ class TreeManager {
   void close();
 
   // Runs one call of `fn` on flat `inputs`. `run` calls the user's callable on a flat input list
-  // and returns its flat tensor outputs. Reached through a TreeRegistry::Handle, which holds the
-  // tree's lock.
+  // and returns its flat tensor outputs. Reached through TreeRegistry::call, which holds the
+  // tree's lock, marks the call in flight and lends the lock out while `run` runs (Note [User
+  // code outside the tree lock] in TreeLock.h).
   CallResult call(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run);
 
   // Counts an eager fallback decided outside the tree (logged once per function and reason).
   void noteFallback(FunctionRecord& fn, const std::string& reason);
 
   // Removes every recording of function `function_id` (and the subtrees below them), invalidating
-  // their live outputs, so that their pool memory is reused. Returns false, removing nothing,
-  // while one of them is on the current path.
-  bool evictFunction(int64_t function_id, const std::string& why);
+  // their live outputs, so that their pool memory is reused. While one of them is on the current
+  // path it removes nothing and returns false, or, with `later`, keeps the eviction pending until
+  // the path moves off them and returns true. While a call is in flight (Note [User code outside
+  // the tree lock] in TreeLock.h) the eviction is pending until that call ends; true.
+  bool evictFunction(int64_t function_id, const std::string& why, bool later = false);
 
   // With debug checks on, asserts checkPoolInvariants(). Called once the call's results are in
   // the caller's hands.
@@ -62,6 +67,8 @@ class TreeManager {
   bool checkPoolInvariants(std::string* why);
   c10::Device device() const { return backend_->device(); }
   int64_t owner() const { return owner_; }
+  // How many functions this tree keeps a state of (evicted ones are forgotten).
+  size_t functionStates() const { return functions_.size(); }
   // This tree's state of function `function_id`, or nullptr if it never ran here.
   const FunctionState* functionState(int64_t function_id) const {
     auto it = functions_.find(function_id);
@@ -81,12 +88,32 @@ class TreeManager {
   }
   // True iff no call holds the tree and none of its outputs is alive (an orphan may be freed).
   bool idle() {
-    std::unique_lock<std::recursive_mutex> lock(mutex_, std::try_to_lock);
-    return lock.owns_lock() && liveOutputs() == 0;
+    std::unique_lock<TreeLock> lock(lock_, std::try_to_lock);
+    return lock.owns_lock() && !lock_.callInFlight() && liveOutputs() == 0;
   }
+  // Applies the pending evictions (applyPending()), first ending the path if its first recording
+  // is one of them (the whole path goes with it): torch._dynamo.reset() with graphtrees.install().
+  // Nothing while a call is in flight.
+  void settlePending() {
+    if (lock_.callInFlight()) return;
+    if (!path_.empty() &&
+        std::any_of(pending_evictions_.begin(), pending_evictions_.end(),
+                    [&](const auto& p) { return p.first == path_[0]->functionId(); })) {
+      endPath("its recordings were evicted", {});
+    }
+    applyPending();
+  }
+  // True iff idle() and the tree holds no recording: freeing it loses nothing but its counters.
+  bool empty() { return counters_.num_nodes == 0 && idle(); }
   std::string backendName() const { return backend_->name(); }
-  // Note [Memory budget] in Backend.h; -1: none.
+  // Note [Memory budget] in Backend.h; -1: none. Applied when the call in flight ends, if any
+  // (Note [User code outside the tree lock] in TreeLock.h).
   void setMemoryBudget(int64_t bytes) {
+    if (lock_.callInFlight()) {
+      pending_budget_ = bytes;
+      return;
+    }
+    pending_budget_.reset();
     budget_ = bytes;
     budget_epoch_++;  // functions that ran out of memory under the old budget try again
     backend_->setReservedLimit(bytes);
@@ -97,7 +124,15 @@ class TreeManager {
 
  private:
   friend class TreeRegistry;  // holds mutex() for the length of a call (TreeRegistry::Handle)
-  std::recursive_mutex& mutex() { return mutex_; }
+  TreeLock& mutex() { return lock_; }
+  // What other threads asked for while a call was in flight (and evictions of recordings that
+  // were on the path): applied at the end of each call.
+  void applyPending() {
+    if (pending_budget_) setMemoryBudget(*pending_budget_);
+    std::vector<std::pair<int64_t, std::string>> pending;
+    pending.swap(pending_evictions_);
+    for (auto& [id, why] : pending) evictFunction(id, why, /*later=*/true);
+  }
 
   enum class PathState { kNone, kWarmup, kRecording, kExecution };
 
@@ -225,8 +260,13 @@ class TreeManager {
 
   std::unique_ptr<Backend> backend_;
   const int64_t owner_;
-  std::unordered_map<int64_t, FunctionState> functions_;  // by function id; never erased
-  std::recursive_mutex mutex_;
+  // By function id; erased when the function is evicted (its signature is gone).
+  std::unordered_map<int64_t, FunctionState> functions_;
+  TreeLock lock_;
+  // Note [User code outside the tree lock]: evictions (function id, why) and a memory budget
+  // waiting for the call in flight to end, or for the path to move off the recordings.
+  std::vector<std::pair<int64_t, std::string>> pending_evictions_;
+  std::optional<int64_t> pending_budget_;
   TreeCounters counters_;  // Note [Tree counters]; lent to live_ and bookkeeping_
   PathPolicy policy_;      // Note [Ending a path]
   LiveOutputs live_;

@@ -38,7 +38,8 @@ struct Registry {
   std::vector<std::shared_ptr<TreeManager>> orphans;
   std::map<std::string, int64_t> retired_counts;
   std::map<std::string, int64_t> leaked_bytes;
-  std::map<DeviceKey, int64_t> budgets;  // kept across reset()
+  std::map<DeviceKey, int64_t> budgets;               // kept across reset()
+  std::map<TreeKey, int64_t> fallbacks_without_tree;  // countFallbackWithoutTree()
   int calls_since_sweep = 0;
 };
 
@@ -88,6 +89,9 @@ std::vector<std::shared_ptr<TreeManager>> treesOf(c10::Device device, int64_t ex
 void onThreadExit(int64_t thread) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
+  for (auto it = r.fallbacks_without_tree.begin(); it != r.fallbacks_without_tree.end();) {
+    it = std::get<0>(it->first) == thread ? r.fallbacks_without_tree.erase(it) : std::next(it);
+  }
   for (auto it = r.trees.begin(); it != r.trees.end();) {
     if (std::get<0>(it->first) == thread) {
       r.orphans.push_back(std::move(it->second));
@@ -140,6 +144,11 @@ std::shared_ptr<TreeManager> TreeRegistry::findOrCreate(int64_t owner, const Ste
     tree = std::make_shared<TreeManager>(std::move(backend), owner, steps);
     auto budget = r.budgets.find(deviceKeyOf(device));
     if (budget != r.budgets.end()) tree->setMemoryBudget(budget->second);  // not in use yet
+    auto fallbacks = r.fallbacks_without_tree.find(key);
+    if (fallbacks != r.fallbacks_without_tree.end()) {
+      tree->counters_.num_fallbacks += fallbacks->second;
+      r.fallbacks_without_tree.erase(fallbacks);
+    }
     r.trees.emplace(key, tree);
   }
   // Logged outside the registry's lock: the log sink takes the GIL.
@@ -151,9 +160,7 @@ std::shared_ptr<TreeManager> TreeRegistry::findOrCreate(int64_t owner, const Ste
 }
 
 TreeRegistry::Handle::Handle(std::shared_ptr<TreeManager> tree)
-    : tree_(std::move(tree)), lock_(tree_->mutex(), std::try_to_lock) {
-  if (!lock_.owns_lock()) runBlocking([this] { lock_.lock(); });  // the holder may need the GIL
-}
+    : tree_(std::move(tree)), lock_(tree_->mutex()) {}  // waited for with the GIL released
 
 std::shared_ptr<TreeManager> TreeRegistry::find(c10::Device device, std::string* why_not,
                                                 const std::vector<at::Tensor>* produced_by) {
@@ -172,9 +179,19 @@ TreeRegistry::Handle TreeRegistry::acquire(c10::Device device, bool create, std:
   return tree ? Handle(std::move(tree)) : Handle();
 }
 
-bool TreeRegistry::evictFunction(c10::Device device, int64_t function_id, const std::string& why) {
+void TreeRegistry::countFallbackWithoutTree(c10::Device device) {
+  const CallerThread me = callerThread();
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.fallbacks_without_tree[keyOf(me.id, device)]++;
+}
+
+bool TreeRegistry::evictFunction(c10::Device device, int64_t function_id, const std::string& why,
+                                 bool later) {
   bool all = true;
-  for (auto& tree : treesOf(device)) all = Handle(tree)->evictFunction(function_id, why) && all;
+  for (auto& tree : treesOf(device)) {
+    all = Handle(tree)->evictFunction(function_id, why, later) && all;
+  }
   return all;
 }
 
@@ -185,8 +202,7 @@ TreeRegistry::Handle TreeRegistry::call(std::shared_ptr<TreeManager> found, Func
   std::string why_not;
   Handle tree(std::move(found));
   try {
-    *result = tree->call(fn, inputs, run);
-    return tree;
+    return runOn(tree, fn, inputs, run, result) ? std::move(tree) : Handle();
   } catch (const RestoreFailed& e) {
     // Nothing ran yet: retire the tree and run the call on a fresh one of the same thread.
     std::shared_ptr<TreeManager> failed = tree.tree_;
@@ -196,8 +212,33 @@ TreeRegistry::Handle TreeRegistry::call(std::shared_ptr<TreeManager> found, Func
     TORCH_CHECK(fresh, "graphtrees: no tree for ", device, ": ", why_not);
     tree = Handle(std::move(fresh));
   }
-  *result = tree->call(fn, inputs, run);
-  return tree;
+  return runOn(tree, fn, inputs, run, result) ? std::move(tree) : Handle();
+}
+
+bool TreeRegistry::runOn(Handle& tree, FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                         const RunFn& run, CallResult* result) {
+  TreeLock& lock = tree->mutex();  // Note [User code outside the tree lock] in TreeLock.h
+  if (lock.callInFlightElsewhere()) {
+    // The tree's call in flight may be waiting for this thread: run as a nested call does.
+    tree->noteFallback(fn,
+                       "it was called on another thread while a call on its tree ran user code "
+                       "(a nested graphed call, as a backward that autograd runs on its device "
+                       "thread while the forward's thread waits for it); it runs eagerly");
+    tree->policy_.noteFinished(fn, RunKind::kEager);  // a backward closes its pending forward
+    tree = Handle();
+    CallDepthGuard depth;  // the graphed calls it makes are part of it, as in a nested call
+    *result = {run(inputs), RunKind::kEager};
+    return false;
+  }
+  {
+    TreeLock::Call in_flight(lock);
+    *result = tree->call(fn, inputs, [&](const std::vector<at::Tensor>& ins) {
+      TreeLock::Lent lent(lock);
+      return run(ins);
+    });
+  }
+  tree->applyPending();
+  return true;
 }
 
 void TreeRegistry::retire(const std::shared_ptr<TreeManager>& tree, const std::string& why) {
@@ -234,6 +275,7 @@ void TreeRegistry::resetAll() {
     r.orphans.clear();
     r.retired_counts.clear();
     r.leaked_bytes.clear();
+    r.fallbacks_without_tree.clear();
   }
   // Trees nobody else holds are closed here, so that an error of their teardown (an asynchronous
   // device error surfacing at the final synchronisation) reaches the caller. A tree that a call on
@@ -251,6 +293,39 @@ void TreeRegistry::resetAll() {
   }
   trees.clear();
   TORCH_CHECK(error.empty(), "graphtrees.reset(): every tree was freed, but ", error);
+}
+
+void TreeRegistry::releaseEmptyTrees() {
+  TORCH_CHECK(!inTreeCall(),
+              "torch._dynamo.reset() was called from inside a graphed function's run; call it "
+              "between graphed calls.");
+  std::vector<std::shared_ptr<TreeManager>> all;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& kv : r.trees) all.push_back(kv.second);
+  }
+  for (auto& tree : all) Handle(std::move(tree))->settlePending();
+  all.clear();
+  std::vector<std::shared_ptr<TreeManager>> empty;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (auto it = r.trees.begin(); it != r.trees.end();) {
+      // Only this map and the caller hold it: no handle, no call (idle() try-locks it).
+      if (it->second.use_count() == 1 && it->second->empty()) {
+        empty.push_back(std::move(it->second));
+        it = r.trees.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& tree : empty) {
+    GRAPHTREES_LOG(LogLevel::kDebug, "freeing the empty " + tree->device().str() +
+                                         " tree of thread " + std::to_string(tree->owner()));
+  }
+  empty.clear();  // ~TreeManager closes each; errors of a teardown become warnings
 }
 
 void TreeRegistry::setMemoryBudget(c10::Device device, int64_t bytes) {
@@ -275,6 +350,7 @@ int64_t TreeRegistry::memoryBudget(c10::Device device) {
 }
 
 TreeInfo TreeRegistry::info(c10::Device device, bool* has_tree) {
+  const int64_t me = callerThread().id;
   TreeInfo t;
   t.device = device.str();
   if (Handle tree = acquire(device, /*create=*/false)) {
@@ -285,6 +361,10 @@ TreeInfo TreeRegistry::info(c10::Device device, bool* has_tree) {
   }
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
+  if (!*has_tree) {
+    auto fallbacks = r.fallbacks_without_tree.find(keyOf(me, device));
+    if (fallbacks != r.fallbacks_without_tree.end()) t.counters.num_fallbacks = fallbacks->second;
+  }
   auto retired = r.retired_counts.find(t.device);
   t.retired_trees = retired == r.retired_counts.end() ? 0 : retired->second;
   auto leaked = r.leaked_bytes.find(t.device);

@@ -19,8 +19,9 @@ namespace graphtrees {
 
 class TreeRegistry {
  public:
-  // A tree locked by the calling thread for as long as the handle lives. The tree stays alive
-  // while a handle holds it, even if another thread resets the trees meanwhile.
+  // A tree locked by the calling thread for as long as the handle lives (but lent out while a
+  // call runs user code: Note [User code outside the tree lock] in TreeLock.h). The tree stays
+  // alive while a handle holds it, even if another thread resets the trees meanwhile.
   class Handle {
    public:
     Handle() = default;
@@ -42,7 +43,7 @@ class TreeRegistry {
     friend class TreeRegistry;
     explicit Handle(std::shared_ptr<TreeManager> tree);
     std::shared_ptr<TreeManager> tree_;
-    std::unique_lock<std::recursive_mutex> lock_;
+    std::unique_lock<TreeLock> lock_;
   };
 
   // The calling thread's tree of the device, locked (waiting without the GIL if another thread
@@ -56,13 +57,23 @@ class TreeRegistry {
   static std::shared_ptr<TreeManager> find(c10::Device device, std::string* why_not,
                                            const std::vector<at::Tensor>* produced_by = nullptr);
 
+  // Counts an eager fallback of the calling thread on `device` that found no tree there: no tree
+  // (nor a CUDA stream) is made only to count it. The tree made later starts with the count, and
+  // info() reports it meanwhile.
+  static void countFallbackWithoutTree(c10::Device device);
+
   // Removes the recordings of `function_id` from every tree of the device. False if one of them
-  // is on its tree's current path (that tree keeps them).
-  static bool evictFunction(c10::Device device, int64_t function_id, const std::string& why);
+  // is on its tree's current path (that tree keeps them), unless `later`: then that tree removes
+  // them once its path moves off them (TreeManager::evictFunction).
+  static bool evictFunction(c10::Device device, int64_t function_id, const std::string& why,
+                            bool later = false);
 
   // Runs one call of `fn` on `tree` (from find()) and returns the tree that ran it, still locked
   // (the caller rebuilds the results and runs the debug check under the lock). A restore that
   // fails before the call ran anything retires the tree and the call runs again on a fresh one.
+  // While another thread's call on the tree is in flight (its user code runs: Note [User code
+  // outside the tree lock] in TreeLock.h), the call runs eagerly, as a nested call does, and
+  // the handle returned is empty.
   static Handle call(std::shared_ptr<TreeManager> tree, FunctionRecord& fn,
                      const std::vector<at::Tensor>& inputs, const RunFn& run, CallResult* result);
 
@@ -71,6 +82,11 @@ class TreeRegistry {
   // teardown (an asynchronous device error at the final sync) are thrown after everything is
   // freed.
   static void resetAll();
+  // Applies the evictions waiting in every tree (TreeManager::settlePending()), then frees the
+  // trees (of every thread and device) that hold no recording, no live output and no call: what
+  // torch._dynamo.reset() gives back after it evicted graphtrees.install()'s functions. Refused
+  // inside a graphed call.
+  static void releaseEmptyTrees();
 
   // Note [Memory budget] in Backend.h: the cap on the bytes of each pool of `device` (-1 removes
   // it), one pool per thread. It applies to the device's trees now and to those created later,
@@ -84,6 +100,10 @@ class TreeRegistry {
 
  private:
   static void retire(const std::shared_ptr<TreeManager>& tree, const std::string& why);
+  // Runs the call on `tree` with the call marked in flight and the lock lent out around `run`;
+  // false (the handle released, the call run eagerly) while another thread's call is in flight.
+  static bool runOn(Handle& tree, FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
+                    const RunFn& run, CallResult* result);
   // The tree of thread `owner` (whose step counter is `steps`) for `device`, created if `create`.
   static std::shared_ptr<TreeManager> findOrCreate(int64_t owner, const StepCounter& steps,
                                                    c10::Device device, bool create,

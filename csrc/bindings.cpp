@@ -229,6 +229,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     &GraphedCallable::setCountsPending,
                     "Whether its runs open or close a pending backward (Note [Pending backward]); "
                     "graphtrees turns it off on all pieces of a split graph but one.")
+      .def_property(
+          "_evict_when_freed", &GraphedCallable::evictWhenFreed,
+          &GraphedCallable::setEvictWhenFreed,
+          "Whether its recordings leave every tree when it is freed (graphtrees.install()'s "
+          "functions).")
+      .def("_evict_recordings",
+           wrap_pybind_function(
+               [](GraphedCallable& self, const std::string& why) { self.evictRecordings(why); }),
+           py::arg("why"),
+           "Forgets every signature and removes their recordings from every tree (those on a "
+           "tree's current path once the path moves off them).")
       .def("signatures", &GraphedCallable::signatures,
            "Per call signature: function id, warmups and re-records (in the calling thread's "
            "tree) and the eager-fallback reason.")
@@ -264,6 +275,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           TreeRegistry::resetAll();
         }),
         "Frees every tree: nodes, graphs and pools. Outputs still alive become invalid.");
+  m.def("_function_states", wrap_pybind_function([](const py::handle& device) {
+          TreeRegistry::Handle tree = TreeRegistry::acquire(parseDevice(device), /*create=*/false);
+          return tree ? static_cast<int64_t>(tree->functionStates()) : 0;
+        }),
+        py::arg("device"), "How many functions the calling thread's tree keeps a state of.");
+  m.def("_release_empty_trees", wrap_pybind_function([] {
+          py::gil_scoped_release no_gil;
+          TreeRegistry::releaseEmptyTrees();
+        }),
+        "Frees the trees that hold no recording, no live output and no call.");
   m.def("tree_info", wrap_pybind_function(&treeInfo), py::arg("device"));
   m.def("set_memory_budget", wrap_pybind_function([](const py::handle& device, py::object bytes) {
           int64_t n = -1;

@@ -18,8 +18,9 @@ the compiled core has loaded; ``install`` takes that module):
 * At exit, every tree is freed (``graphtrees.reset()``) and the hooks are removed.
 
 Nothing else changes: no other torch function is patched and no global state of torch is set
-(``graphtrees.install()``, an explicit opt-in, sets Inductor's ``cudagraph_policy`` and makes
-``torch._dynamo.reset()`` free graphtrees' trees too: graphtrees/_policy.py).
+(``graphtrees.install()``, an explicit opt-in, sets Inductor's ``cudagraph_policy`` and, while
+installed, makes ``torch._dynamo.reset()`` free the policy's own functions too:
+graphtrees/_policy.py).
 """
 
 import logging

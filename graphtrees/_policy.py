@@ -21,15 +21,19 @@ reduce-overhead graph becomes a function of graphtrees' C++ tree manager:
 
 The policy applies when Inductor finishes a graph (its post-compile step, also on a cache hit):
 graphs compiled before :func:`install` stay PyTorch's (``torch._dynamo.reset()`` recompiles).
-Once installed, ``torch._dynamo.reset()`` also frees graphtrees' trees (``graphtrees.reset()``),
-as it frees PyTorch's: ``torch._inductor.cudagraph_trees.reset_cudagraph_trees``, which Inductor's
-reduce-overhead backend calls from it, is wrapped for that (the one torch function install()
-changes besides the policy).
+While installed, ``torch._dynamo.reset()`` also frees the policy's own functions, as it frees
+PyTorch's trees: their recordings leave every tree (those on a tree's current path once the path
+moves off them), and trees left with nothing in them give their pools back. Nothing else of
+graphtrees is touched (``graphtrees.cudagraphify`` functions, ``backend="graphtrees"`` graphs),
+and after :func:`uninstall` nothing at all: ``graphtrees.reset()`` frees everything.
+``torch._inductor.cudagraph_trees.reset_cudagraph_trees``, which ``torch._dynamo.reset()`` calls,
+is wrapped for that (the one torch function install() changes besides the policy).
 """
 
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +49,8 @@ _graph_counter = itertools.count()
 # Inductor calls should_wrap(graph) and then, for the same graph, cudagraphify(callable): the
 # graph (its partitions) is kept between the two calls, per compiling thread.
 _compiling = threading.local()
+# The graphtrees functions the policy made: what torch._dynamo.reset() frees while installed.
+_policy_functions: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def hook_available() -> bool:
@@ -101,6 +107,10 @@ def _make_policy_class() -> type:
         def _wrap(self, run: Callable, static: list[int], mode: Any, name: str, counts: bool):
             graphed = _graphed(self._opts, run, static, mode, name)
             graphed._counts_pending = counts
+            # torch._dynamo.reset() frees the compiled graphs (and this) before it calls the
+            # hook: the recordings then leave the trees as it dies.
+            graphed._evict_when_freed = True
+            _policy_functions.add(graphed)
             return _boxed_graphed(graphed)  # as the backend's boxed graphs
 
         def cudagraphify(
@@ -146,11 +156,26 @@ def _make_policy_class() -> type:
 _policy_class: type | None = None
 
 
+def _free_policy_functions() -> None:
+    """Removes the recordings of every function the policy made from every tree (those on a
+    tree's current path once the path moves off them), then frees the trees left empty."""
+    from ._ext import get_ext
+
+    functions = list(_policy_functions)
+    _policy_functions.clear()
+    for graphed in functions:
+        graphed._evict_recordings(
+            "was compiled under graphtrees.install(), and torch._dynamo.reset() was called"
+        )
+    get_ext()._release_empty_trees()
+
+
 def _free_trees_on_dynamo_reset() -> None:
-    """``torch._dynamo.reset()`` asks each reduce-overhead backend to reset, which calls
-    ``torch._inductor.cudagraph_trees.reset_cudagraph_trees()`` (looked up at that moment): once
-    graphtrees was installed, that frees graphtrees' trees too, as it frees PyTorch's (and as
-    ``backend="graphtrees"`` does), so code that resets between models gets its pool back."""
+    """``torch._dynamo.reset()`` calls ``torch._inductor.cudagraph_trees.reset_cudagraph_trees()``
+    (looked up at that moment) whatever compiled what: while graphtrees is installed, that frees
+    the policy's own functions too, as it frees PyTorch's trees, so code that resets between
+    models gets their pool memory back. Other graphtrees functions are not the policy's to free,
+    and once uninstalled it frees nothing (any library may call ``torch._dynamo.reset()``)."""
     import torch._inductor.cudagraph_trees as trees
 
     original = trees.reset_cudagraph_trees
@@ -159,9 +184,8 @@ def _free_trees_on_dynamo_reset() -> None:
 
     def reset_cudagraph_trees(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        from ._dynamo_backend import _reset_trees
-
-        _reset_trees()
+        if installed():
+            _free_policy_functions()
         return result
 
     reset_cudagraph_trees._graphtrees = True
@@ -174,10 +198,12 @@ def _is_ours(policy: Any) -> bool:
 
 
 class Installation:
-    """What :func:`install` returns: a context manager that uninstalls on exit."""
+    """What :func:`install` returns: a context manager that, on exit, puts back the policy it
+    replaced (an outer ``with graphtrees.install(...)``'s, or none)."""
 
-    def __init__(self, policy: Any):
+    def __init__(self, policy: Any, replaced: Any = None):
         self.policy = policy
+        self.replaced = replaced
 
     def __enter__(self) -> "Installation":
         return self
@@ -186,7 +212,7 @@ class Installation:
         import torch._inductor.config as config
 
         if config.cudagraph_policy is self.policy:
-            config.cudagraph_policy = self.policy.previous
+            config.cudagraph_policy = self.replaced
 
     def __repr__(self) -> str:
         return f"<graphtrees installation of {self.policy!r}>"
@@ -229,7 +255,7 @@ def install(**options: Any) -> Installation:
         "are recorded by graphtrees%s",
         f" ({options})" if options else "",
     )
-    return Installation(policy)
+    return Installation(policy, current)
 
 
 def uninstall() -> bool:

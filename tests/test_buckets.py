@@ -52,6 +52,14 @@ def test_results_that_are_not_batch_shaped_are_left_alone(device):
         assert_close(y, ref_y)
 
 
+def test_the_same_tensor_twice_is_padded_once(device):
+    # Padded position by position, it became two tensors: the function saw `a is not b`.
+    g = cudagraphify(lambda a, b: a * 2 if a is b else a * 0 - 1, buckets=[8])
+    x = torch.randn(5, 3, device=device)
+    for _ in range(3):
+        assert_close(g(x, x), x * 2)
+
+
 def test_static_inputs_are_never_padded(device):
     table = torch.randn(3, 5, device=device)  # batch-sized along dim 0, but static
     f = cudagraphify(lambda x, t: x[:, :5] + t.sum(0), static_argnums=(1,), buckets=[4])

@@ -118,6 +118,56 @@ def test_arguments_with_equal_hashes_are_different_signatures(device):
     assert len(g.signatures()) == 2
 
 
+class _SameHash:
+    """A value-hashed argument whose values all hash alike: each value is a variant key."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __hash__(self):
+        return 7
+
+    def __eq__(self, other):
+        return isinstance(other, _SameHash) and other.v == self.v
+
+
+def test_an_evicted_variant_leaves_no_hole_that_duplicates_a_later_one():
+    # Three values with one hash: keys k, k+variant0, k+variant1. With max_recorded_shapes=2 the
+    # third evicts the first (k): the second, at variant0, must still be found (it was recorded
+    # again as a duplicate at k).
+    import graphtrees
+
+    g = cudagraphify(lambda x, s: x * s.v, max_recorded_shapes=2)
+    x = torch.ones(2)
+    with torch.no_grad():
+        for v in (1.0, 2.0, 3.0):
+            for _ in range(3):  # warmup, record, replay
+                assert torch.equal(g(x, _SameHash(v)), x * v)
+            graphtrees.mark_step_begin()
+        before = info("cpu")
+        assert before["num_evictions"] == 1 and len(g.signatures()) == 2
+        assert torch.equal(g(x, _SameHash(2.0)), x * 2.0)
+    after = info("cpu")
+    assert after["num_replays"] == before["num_replays"] + 1
+    assert after["num_warmups"] == before["num_warmups"]
+    assert len(g.signatures()) == 2
+
+
+def test_an_evicted_function_leaves_no_state_in_the_tree():
+    # Per-tree function state (warmup counts, the generators a warmup drew from) goes with the
+    # function's signature.
+    from graphtrees._ext import get_ext
+
+    g = cudagraphify(lambda x: x + 1, max_recorded_shapes=1)
+    with torch.no_grad():
+        for n in range(2, 12):
+            for _ in range(3):
+                g(torch.ones(n))
+    # The signature on the current path when the next one comes is evicted one call later.
+    assert info("cpu")["num_evictions"] == 8 and len(g.signatures()) == 2
+    assert get_ext()._function_states("cpu") == 2
+
+
 def test_an_identity_hashed_argument_is_its_own_signature_even_at_a_reused_address():
     class Scale:
         def __init__(self, v):

@@ -136,6 +136,99 @@ def test_graphtrees_install_refuses_a_value_it_does_not_know():
     assert "GRAPHTREES_INSTALL must be 1/true/yes/on or 0/false/no/off, got 'maybe'" in out.stderr
 
 
+@needs_hook
+def test_nested_installations_give_back_the_outer_one():
+    import torch._inductor.config as config
+
+    assert config.cudagraph_policy is None
+    with graphtrees.install(warmup_iters=2) as outer:
+        with graphtrees.install(rerecord_limit=1) as inner:
+            assert config.cudagraph_policy is inner.policy
+        assert config.cudagraph_policy is outer.policy
+        assert outer.policy.options == {"warmup_iters": 2}
+    assert config.cudagraph_policy is None
+
+
+def _dynamo_reset():
+    """torch._dynamo.reset(), which calls torch._inductor.cudagraph_trees.reset_cudagraph_trees()
+    (the function install() wraps) once CUDA is initialized; without CUDA (a CPU-only run) that
+    call is made here, as torch._dynamo.reset() makes it."""
+    torch._dynamo.reset()
+    if not torch.cuda.is_initialized():
+        import torch._inductor.cudagraph_trees as trees
+
+        trees.reset_cudagraph_trees()
+
+
+def _policy_function(policy, example):
+    """A function of the installed policy, made as Inductor asks for one (a CPU graph here)."""
+    boxed = policy.cudagraphify(
+        lambda args: [args[0] * 3 + 1],
+        [example],
+        [],
+        device_index=0,
+        is_backward=False,
+        is_inference=True,
+    )
+    return lambda x: boxed([x])[0]
+
+
+@needs_hook
+@pytest.mark.usefixtures("no_grad")
+def test_dynamo_reset_frees_only_the_policys_functions_and_only_while_installed():
+    # Any library may call torch._dynamo.reset(): after install() it used to free every tree,
+    # plain cudagraphify ones included, even after uninstall().
+    from graphtrees import cudagraphify, mark_step_begin, tree_info
+
+    _dynamo_reset()
+    x = torch.randn(8)
+    mine = cudagraphify(lambda t: t * 2)
+    with graphtrees.install() as installation:
+        policy_fn = _policy_function(installation.policy, x)
+        for _ in range(3):
+            policy_fn(x)
+        mark_step_begin()
+        for _ in range(3):
+            out = mine(x)  # a replay: the path is on mine's recording
+        assert tree_info("cpu")["num_nodes"] == 2
+        _dynamo_reset()
+        info = tree_info("cpu")
+        assert [n["function"].startswith("inductor") for n in info["nodes"]] == [False]
+        assert info["num_evictions"] == 1
+        assert_close(out, x * 2)  # and its output stays valid
+        # A path that starts with a policy recording ends, and the recording goes.
+        second = _policy_function(installation.policy, x)
+        mark_step_begin()
+        for _ in range(3):
+            second(x)
+        assert tree_info("cpu")["num_nodes"] == 2
+        _dynamo_reset()
+        assert tree_info("cpu")["num_nodes"] == 1
+    _dynamo_reset()  # not installed: graphtrees is not touched at all
+    info = tree_info("cpu")
+    assert info["num_nodes"] == 1 and info["num_replays"] >= 2
+    out = mine(x)
+    assert_close(out, x * 2)
+    assert tree_info("cpu")["num_replays"] == info["num_replays"] + 1
+
+
+@needs_hook
+@pytest.mark.usefixtures("no_grad")
+def test_dynamo_reset_frees_a_tree_left_with_only_the_policys_functions():
+    from graphtrees import tree_info
+
+    _dynamo_reset()
+    x = torch.randn(8)
+    with graphtrees.install() as installation:
+        policy_fn = _policy_function(installation.policy, x)
+        for _ in range(3):
+            policy_fn(x)
+        assert tree_info("cpu")["pool"]["reserved_bytes"] > 0
+        _dynamo_reset()
+        info = tree_info("cpu")
+        assert info["backend"] is None and info["pool"]["reserved_bytes"] == 0
+
+
 _unsafe_copy_calls = [0]
 
 

@@ -748,6 +748,22 @@ def _run_threads(target, args_per_thread):
         sys.setswitchinterval(old)
 
 
+def test_a_fallback_makes_no_tree_only_to_count_itself(device):
+    # A call that cannot be graphed (no tensor argument on the device, here one that requires
+    # grad under grad mode) is counted without making a tree, a pool or a CUDA stream for it.
+    g = cudagraphify(lambda x: x * 2)
+    x = torch.ones(3, device=device, requires_grad=True)
+    with torch.enable_grad():
+        g(x)
+        g(x)
+    t = info(device)
+    assert t["backend"] is None and t["num_fallbacks"] == 2
+    with torch.no_grad():
+        g(x)  # graphed: the tree made now starts with the count
+    t = info(device)
+    assert t["backend"] is not None and t["num_fallbacks"] == 2 and t["num_warmups"] == 1
+
+
 def test_threads_have_their_own_trees_and_steps(device):
     # Each thread has its own tree (pool, steps, live outputs): threads sharing one wrapper never
     # end each other's steps or overwrite each other's outputs, even while they read them.
