@@ -596,8 +596,4 @@ TreeInfo TreeManager::snapshot() {
   return t;
 }
 
-bool TreeManager::checkPoolInvariants(std::string* why) {
-  return bookkeeping_.checkInvariants(why);
-}
-
 }  // namespace graphtrees

@@ -64,7 +64,7 @@ class TreeManager {
   TreeInfo snapshot();
   // True iff the pool's allocated blocks are exactly the live outputs that own pool memory, and
   // (when no replay happened since the last restore) every live output owns its block.
-  bool checkPoolInvariants(std::string* why);
+  bool checkPoolInvariants(std::string* why) { return bookkeeping_.checkInvariants(why); }
   c10::Device device() const { return backend_->device(); }
   int64_t owner() const { return owner_; }
   // How many functions this tree keeps a state of (evicted ones are forgotten).
