@@ -11,18 +11,20 @@
 // allocations, freed when the worker drops them; the collective completed before it returned, so
 // nothing writes them). A capture that dispatched no c10d op replays without the watch.
 
-#include <ATen/record_function.h>
+#include "CaptureWatcher.h"
 
 #include <cstdint>
 #include <unordered_set>
 
 namespace graphtrees {
 
-class CollectiveBuffers {
+// A watcher of the capture observer (Note [One capture observer] in CaptureObserver.h), shown
+// every op, nested ones included; the replay's own observer where none is open.
+class CollectiveBuffers : public CaptureWatcher {
  public:
   // Watches the c10d ops this thread dispatches for the object's lifetime, if `active`.
   explicit CollectiveBuffers(bool active);
-  ~CollectiveBuffers();
+  ~CollectiveBuffers() override;
   CollectiveBuffers(const CollectiveBuffers&) = delete;
   CollectiveBuffers& operator=(const CollectiveBuffers&) = delete;
 
@@ -32,11 +34,8 @@ class CollectiveBuffers {
   static bool isCollective(const char* op);
 
  private:
-  static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
+  Descend onStart(const ObservedOp& op, int level) override;
 
-  bool active_;
-  CollectiveBuffers* prev_ = nullptr;
-  at::CallbackHandle handle_ = 0;
   std::unordered_set<uintptr_t> ptrs_;
 };
 

@@ -17,33 +17,18 @@ namespace graphtrees {
 // warmup notes the generators its ops drew from and the recording registers them too. A
 // generator first reached during the capture itself is still refused on 2.11 (the function
 // runs eagerly, with that reason). Weak references: a noted generator is not kept alive.
-namespace {
-thread_local DrawnGenerators* tls_watch = nullptr;
-}  // namespace
-
 DrawnGenerators::DrawnGenerators(c10::DeviceType type,
                                  std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>* seen)
-    : type_(type), seen_(seen) {
-  enabled_.emplace(true);  // observe even where RecordFunction is switched off
-  handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&DrawnGenerators::onStart)
-                                           .needsInputs(true)
-                                           .scopes({at::RecordScope::FUNCTION}));
-  prev_ = tls_watch;
-  tls_watch = this;
+    : CaptureWatcher(Needs{/*inputs=*/true, /*outputs=*/false}), type_(type), seen_(seen) {
+  startWatching();
 }
 
 DrawnGenerators::~DrawnGenerators() {
-  tls_watch = prev_;
-  at::removeCallback(*handle_);
+  stopWatching();
 }
 
-std::unique_ptr<at::ObserverContext> DrawnGenerators::onStart(const at::RecordFunction& fn) {
-  if (DrawnGenerators* w = tls_watch) w->note(fn);
-  return nullptr;
-}
-
-void DrawnGenerators::note(const at::RecordFunction& fn) {
-  for (const c10::IValue& v : fn.inputs()) {
+Descend DrawnGenerators::onStart(const ObservedOp& op, int /*level*/) {
+  for (const c10::IValue& v : op.fn.inputs()) {
     if (!v.isGenerator()) continue;
     at::Generator gen = v.toGenerator();
     if (!gen.defined() || gen.device().type() != type_) continue;
@@ -53,6 +38,7 @@ void DrawnGenerators::note(const at::RecordFunction& fn) {
     });
     if (!known) seen_->emplace_back(gen.getIntrusivePtr());
   }
+  return Descend::kNested;
 }
 
 std::vector<at::Generator> DrawnGenerators::alive(

@@ -4,23 +4,25 @@
 // calling thread: noted during a warmup, so that its recording registers them with the graph
 // (Note [Generators a function reaches itself]).
 
+#include "CaptureWatcher.h"
+
 #include <ATen/core/Generator.h>
-#include <ATen/record_function.h>
 #include <c10/core/DeviceType.h>
 #include <c10/util/intrusive_ptr.h>
 
-#include <optional>
 #include <vector>
 
 namespace graphtrees {
 
-class DrawnGenerators {
+// A watcher of the capture observer (Note [One capture observer] in CaptureObserver.h), shown
+// every op, nested ones included.
+class DrawnGenerators : public CaptureWatcher {
  public:
   // Starts noting the generators on `type` that ops take as an argument, into `seen` (weak
   // references, no duplicates; `seen` may already hold some).
   DrawnGenerators(c10::DeviceType type,
                   std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>* seen);
-  ~DrawnGenerators();
+  ~DrawnGenerators() override;
   DrawnGenerators(const DrawnGenerators&) = delete;
   DrawnGenerators& operator=(const DrawnGenerators&) = delete;
 
@@ -29,14 +31,10 @@ class DrawnGenerators {
       const std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>& seen);
 
  private:
-  static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
-  void note(const at::RecordFunction& fn);
+  Descend onStart(const ObservedOp& op, int level) override;
 
   c10::DeviceType type_;
   std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>* seen_;
-  DrawnGenerators* prev_ = nullptr;
-  std::optional<at::CallbackHandle> handle_;
-  std::optional<at::RecordFunctionGuard> enabled_;
 };
 
 }  // namespace graphtrees

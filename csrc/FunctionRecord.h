@@ -85,6 +85,13 @@ inline CaptureSpec captureSpec(const FunctionRecord& fn, const FunctionState& st
                  : ""};
 }
 
+// Whether `fn`'s outputs are copied out rather than invalidated when a replay overwrites them.
+// Gradients (outputs of backward functions) always are: they may sit in .grad (Note [Pinned
+// gradients]).
+inline bool copyOnOverwrite(const FunctionRecord& fn) {
+  return fn.options->on_overwrite == OnOverwrite::kCopy || fn.mode == FunctionMode::kBackward;
+}
+
 enum class RunKind { kEager, kWarmup, kRecord, kReplay };
 
 struct CallResult {

@@ -15,8 +15,6 @@ std::string InputMutationCheck::reason(int64_t input, const std::string& op,
 }
 
 namespace {
-thread_local InputMutationCheck* tls_check = nullptr;
-
 int64_t versionOf(const at::Tensor& t) {
   return t.is_inference() ? -1 : static_cast<int64_t>(t._version());
 }
@@ -24,7 +22,7 @@ int64_t versionOf(const at::Tensor& t) {
 
 InputMutationCheck::InputMutationCheck(const std::vector<at::Tensor>& tensors,
                                        const std::vector<int64_t>& which)
-    : tensors_(tensors), which_(which) {
+    : CaptureWatcher(Needs{/*inputs=*/true, /*outputs=*/false}), tensors_(tensors), which_(which) {
   versions_.reserve(which_.size());
   metas_.reserve(which_.size());
   written_by_.resize(which_.size());
@@ -35,19 +33,11 @@ InputMutationCheck::InputMutationCheck(const std::vector<at::Tensor>& tensors,
     if (!t.has_storage()) continue;
     watched_[t.storage().unsafeGetStorageImpl()].push_back(k);
   }
-  if (watched_.empty()) return;
-  enabled_.emplace(true);  // observe even where RecordFunction is switched off
-  handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&InputMutationCheck::onStart)
-                                           .needsInputs(true)
-                                           .scopes({at::RecordScope::FUNCTION}));
-  prev_ = tls_check;
-  tls_check = this;
+  if (!watched_.empty()) startWatching();
 }
 
 InputMutationCheck::~InputMutationCheck() {
-  if (!handle_) return;
-  tls_check = prev_;
-  at::removeCallback(*handle_);
+  stopWatching();
 }
 
 int64_t InputMutationCheck::firstMutated(std::string* op) const {
@@ -86,9 +76,9 @@ std::vector<int64_t> InputMutationCheck::mutated(std::vector<std::string>* ops) 
   return out;
 }
 
-std::unique_ptr<at::ObserverContext> InputMutationCheck::onStart(const at::RecordFunction& fn) {
-  if (InputMutationCheck* c = tls_check) c->check(fn);
-  return nullptr;
+Descend InputMutationCheck::onStart(const ObservedOp& op, int /*level*/) {
+  check(op);
+  return Descend::kNested;
 }
 
 namespace {
@@ -99,8 +89,9 @@ bool isInPlaceCollective(const char* name) {
 }
 }  // namespace
 
-void InputMutationCheck::check(const at::RecordFunction& fn) {
+void InputMutationCheck::check(const ObservedOp& op) {
   if (watched_mutation_ >= 0) return;
+  const at::RecordFunction& fn = op.fn;
   const bool collective = isInPlaceCollective(fn.name());
   const auto inputs = fn.inputs();
   if (inputs.empty()) return;
@@ -136,9 +127,9 @@ void InputMutationCheck::check(const at::RecordFunction& fn) {
     anyWritten(inputs[0]);
     return;
   }
-  const auto schema = fn.operator_schema();
-  if (!schema) return;
-  const auto& args = schema->arguments();
+  const auto& handle = op.handle();  // the schema, not a copy of it (operator_schema())
+  if (!handle) return;
+  const auto& args = handle->schema().arguments();
   for (size_t i = 0; i < args.size() && i < inputs.size() && watched_mutation_ < 0; ++i) {
     const auto* alias = args[i].alias_info();
     if (alias == nullptr || !alias->isWrite()) continue;

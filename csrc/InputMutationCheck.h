@@ -10,23 +10,25 @@
 // for every input too. Writes no op shows at all (ctypes through data_ptr()) are WriteBack's to
 // find (Note [Copied inputs written back] in WriteBack.h).
 
+#include "CaptureWatcher.h"
+
 #include <ATen/core/Tensor.h>
-#include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace graphtrees {
 
-class InputMutationCheck {
+// A watcher of the capture observer (Note [One capture observer] in CaptureObserver.h), shown
+// every op, nested ones included.
+class InputMutationCheck : public CaptureWatcher {
  public:
   // Starts checking inputs `which` (flat indices into `tensors`).
   InputMutationCheck(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& which);
-  ~InputMutationCheck();
+  ~InputMutationCheck() override;
   InputMutationCheck(const InputMutationCheck&) = delete;
   InputMutationCheck& operator=(const InputMutationCheck&) = delete;
 
@@ -47,8 +49,8 @@ class InputMutationCheck {
   static std::string reason(int64_t input, const std::string& op, const std::string& advice);
 
  private:
-  static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
-  void check(const at::RecordFunction& fn);
+  Descend onStart(const ObservedOp& op, int level) override;
+  void check(const ObservedOp& op);
 
   const std::vector<at::Tensor>& tensors_;
   std::vector<int64_t> which_;
@@ -63,9 +65,6 @@ class InputMutationCheck {
   std::vector<std::string> written_by_;  // parallel to which_: the op whose schema wrote it
   int64_t watched_mutation_ = -1;        // an inference tensor or a collective's (a flat index)
   std::string op_;
-  InputMutationCheck* prev_ = nullptr;
-  std::optional<at::CallbackHandle> handle_;
-  std::optional<at::RecordFunctionGuard> enabled_;
 };
 
 }  // namespace graphtrees

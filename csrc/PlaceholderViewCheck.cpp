@@ -9,8 +9,6 @@ namespace graphtrees {
 
 namespace {
 
-thread_local PlaceholderViewCheck* tls_check = nullptr;
-
 // At most this many elements of a view over a tensor with gaps are looked up one by one; a larger
 // one is refused.
 constexpr int64_t kMaxElementsLookedUp = int64_t{1} << 16;
@@ -65,7 +63,8 @@ bool isOp(const at::RecordFunction& fn, const char* name, const char* overload) 
 PlaceholderViewCheck::PlaceholderViewCheck(const std::vector<at::Tensor>& ins,
                                            const std::vector<at::Tensor>& placeholders,
                                            const std::vector<int64_t>& copied,
-                                           const std::vector<uint8_t>& dense) {
+                                           const std::vector<uint8_t>& dense)
+    : CaptureWatcher(Needs{/*inputs=*/true, /*outputs=*/false}) {
   for (int64_t i : copied) {
     const at::Tensor& p = placeholders[i];
     if (!p.has_storage() || !ins[i].has_storage()) continue;
@@ -73,39 +72,18 @@ PlaceholderViewCheck::PlaceholderViewCheck(const std::vector<at::Tensor>& ins,
         p.storage().unsafeGetStorageImpl(),
         Watched{i, p, ins[i].storage_offset(), ins[i].storage().nbytes(), dense[i] != 0});
   }
-  if (storages_.empty()) return;
-  enabled_.emplace(true);  // observe even where RecordFunction is switched off
-  handle_ = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(&PlaceholderViewCheck::onStart, &PlaceholderViewCheck::onEnd)
-          .needsInputs(true)
-          .scopes({at::RecordScope::FUNCTION}));
-  prev_ = tls_check;
-  tls_check = this;
+  if (!storages_.empty()) startWatching();
 }
 
 PlaceholderViewCheck::~PlaceholderViewCheck() {
-  if (!handle_) return;
-  tls_check = prev_;
-  at::removeCallback(*handle_);
+  stopWatching();
 }
 
-std::unique_ptr<at::ObserverContext> PlaceholderViewCheck::onStart(const at::RecordFunction& fn) {
-  if (PlaceholderViewCheck* c = tls_check) {
-    // A top-level op, or one that a library op's own implementation calls (its code addresses
-    // storage as the user's would); not the ops an ATen kernel calls.
-    const bool looked_at = c->depth_ == 0 || c->opaque_.back();
-    if (looked_at && c->refusal_.empty()) c->check(fn);
-    c->depth_++;
-    c->opaque_.push_back(looked_at && std::strncmp(fn.name(), "aten::", 6) != 0);
-  }
-  return nullptr;
-}
-
-void PlaceholderViewCheck::onEnd(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
-  if (PlaceholderViewCheck* c = tls_check; c != nullptr && c->depth_ > 0) {
-    c->depth_--;
-    c->opaque_.pop_back();
-  }
+Descend PlaceholderViewCheck::onStart(const ObservedOp& op, int /*level*/) {
+  if (refusal_.empty()) check(op.fn);
+  // Shown: a top-level op, or one that a library op's own implementation calls (its code
+  // addresses storage as the user's would); not the ops an ATen kernel calls.
+  return std::strncmp(op.fn.name(), "aten::", 6) != 0 ? Descend::kNested : Descend::kNo;
 }
 
 const PlaceholderViewCheck::Watched* PlaceholderViewCheck::watchedStorage(
@@ -144,6 +122,7 @@ void PlaceholderViewCheck::check(const at::RecordFunction& fn) {
                "; a recording runs on a copy of that input's elements only "
                "(Note [Views beyond a copied input]). Pass the tensor whose memory it "
                "addresses, or make the input static (static_argnums)";
+    refuseRecording(refusal_);  // the capture's observer refuses it (TreeManager::capture)
   };
   if (!w->dense) return refuse("(whose elements overlap, so its copy has other strides)");
   const at::Tensor& p = w->placeholder;

@@ -3,10 +3,10 @@
 // Views of a copied input's memory that its placeholder cannot stand for, watched during a
 // capture (Note [Views beyond a copied input]).
 
-#include <ATen/core/Tensor.h>
-#include <ATen/record_function.h>
+#include "CaptureWatcher.h"
 
-#include <optional>
+#include <ATen/core/Tensor.h>
+
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -22,10 +22,12 @@ namespace graphtrees {
 // the caller's storage holds there -- elements before or after the view, or in its gaps (the
 // other half of `base[:, 0]`) -- which the placeholder does not have (its gaps hold nothing, and
 // an offset means another element once the view no longer starts at the caller's offset). While
-// a graph is recorded, a thread-local observer looks at these ops (top-level ones, and those a
-// library op's implementation calls, a torch.library op defined in Python, say: views that ATen's
-// own kernels make are derived from their input's geometry) on the storage of a
-// placeholder. The recording is refused, and the function runs eagerly with the reason, when
+// a graph is recorded, a watcher of the capture observer (Note [One capture observer] in
+// CaptureObserver.h) looks at these ops (top-level ones, and those a library op's implementation
+// calls, a torch.library op defined in Python, say: views that ATen's own kernels make are
+// derived from their input's geometry: it asks to be shown the ops an op calls only where that op
+// is not aten::) on the storage of a placeholder. The recording is refused, and the function runs
+// eagerly with the reason, when
 //   - the view reaches an address that is not one of the input's own elements;
 //   - an explicit storage offset is given while the caller's input does not start at offset 0 of
 //     its storage (the offset cannot be told to be derived from the placeholder's own, which
@@ -33,18 +35,19 @@ namespace graphtrees {
 //   - `set_(storage)` takes the whole storage, which is more than the input (a view of a larger
 //     tensor), or the input's elements overlap (its placeholder has other strides).
 // A static input (static_argnums, parameters, buffers) is the caller's own tensor: not watched.
-class PlaceholderViewCheck {
+class PlaceholderViewCheck : public CaptureWatcher {
  public:
   // `ins`: the call's tensors; `placeholders`: what the capture runs on (rec->inputs); `copied`:
   // the flat indices of the copied inputs; `dense[i]`: placeholder i has the caller's strides.
   PlaceholderViewCheck(const std::vector<at::Tensor>& ins,
                        const std::vector<at::Tensor>& placeholders,
                        const std::vector<int64_t>& copied, const std::vector<uint8_t>& dense);
-  ~PlaceholderViewCheck();
+  ~PlaceholderViewCheck() override;
   PlaceholderViewCheck(const PlaceholderViewCheck&) = delete;
   PlaceholderViewCheck& operator=(const PlaceholderViewCheck&) = delete;
 
-  // After the run: why a placeholder could not stand for its input, or empty.
+  // After the run: why a placeholder could not stand for its input, or empty (also reported to
+  // the observer: CaptureObserver::refusal()).
   const std::string& refusal() const { return refusal_; }
 
  private:
@@ -55,19 +58,12 @@ class PlaceholderViewCheck {
     size_t caller_nbytes;
     bool dense;
   };
-  static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
-  static void onEnd(const at::RecordFunction& fn, at::ObserverContext* ctx);
+  Descend onStart(const ObservedOp& op, int level) override;
   void check(const at::RecordFunction& fn);
   const Watched* watchedStorage(const c10::IValue& v) const;
 
   std::unordered_map<const c10::StorageImpl*, Watched> storages_;
   std::string refusal_;
-  int depth_ = 0;
-  // Per open op: whether the ops it calls are looked at (it is looked at and not an ATen op).
-  std::vector<bool> opaque_;
-  PlaceholderViewCheck* prev_ = nullptr;
-  std::optional<at::CallbackHandle> handle_;
-  std::optional<at::RecordFunctionGuard> enabled_;
 };
 
 }  // namespace graphtrees

@@ -2,6 +2,7 @@
 
 #include "AutocastState.h"
 #include "BackendCall.h"
+#include "CaptureObserver.h"
 #include "CopiedInputs.h"
 #include "FailureInjection.h"
 #include "InputMutationCheck.h"
@@ -21,12 +22,6 @@ namespace {
 const char* kindName(RunKind k) {
   static const char* const kNames[] = {"eager", "warmup", "record", "replay"};
   return kNames[static_cast<int>(k)];
-}
-
-// Gradients (outputs of backward functions) are always copied out rather than invalidated: they
-// may sit in .grad (Note [Pinned gradients]).
-bool copyOnOverwrite(const FunctionRecord& fn) {
-  return fn.options->on_overwrite == OnOverwrite::kCopy || fn.mode == FunctionMode::kBackward;
 }
 
 std::string whereOf(const TreeNode* node) {
@@ -166,8 +161,9 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
   const bool out_of_memory =  // it tries again once an eviction may have made room
       (st.oom_at_evictions >= 0 && st.oom_at_evictions == counters_.num_evictions) ||
       (st.oom_at_budget >= 0 && st.oom_at_budget == budget_epoch_);
+  const std::string eager = out_of_memory ? st.oom_reason : CaptureObserver::blindReason();
   if (state_ == PathState::kWarmup || st.warmups < fn.options->warmup_iters) {
-    if (out_of_memory) return runEager(fn, inputs, run, st.oom_reason);
+    if (!eager.empty()) return runEager(fn, inputs, run, eager);
     return warmup(fn, allocationInputs(fn, inputs), run);
   }
   std::string mismatch;
@@ -180,7 +176,7 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     node = findChild(fn, key, &mismatch);
   }
   if (node != nullptr) return replay(*node, fn, inputs, run);
-  if (out_of_memory) return runEager(fn, inputs, run, st.oom_reason);
+  if (!eager.empty()) return runEager(fn, inputs, run, eager);
 
   TreeNode* parent = current_ != nullptr ? current_ : &root_;
   // A recording that replaces one that could never replay again is not churn.
@@ -348,6 +344,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
   }
   std::vector<at::Tensor> outs;
   WriteBackRefusal refused;
+  CaptureObserver observer(/*watch_forks=*/true);  // Note [One capture observer]
   try {
     InputMutationCheck mutations(ins, unmanaged);
     DrawnGenerators drawn(backend_->device().type(), &stateOf(fn).drawn_generators);
@@ -363,8 +360,10 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     if (retryAfterFreeingCache(retried)) return warmup(fn, ins, run, /*retried=*/true);
     return outOfMemory(fn, ins, run, "warming it up", e.what_without_backtrace());
   }
-  if (refused.refused()) {
-    fn.eager_reason = refused.reason(". Pass it through static_argnums if its address is stable");
+  if (const std::string why = observer.refusal(); refused.refused() || !why.empty()) {
+    fn.eager_reason =
+        why.empty() ? refused.reason(". Pass it through static_argnums if its address is stable")
+                    : "it cannot be recorded as a graph: " + why;
     noteFallback(fn, fn.eager_reason);
   }
   live_.trackWarmupOutputs(outs, ins, fn.name, copyOnOverwrite(fn), policy_.generation());
@@ -418,6 +417,7 @@ bool TreeManager::copyIntoPlaceholders(FunctionRecord& fn, const std::vector<at:
 bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,
                           const CallKey& key, bool retried, Recording* rec, CallResult* fallback) {
   WriteBackRefusal refused;
+  CaptureObserver observer(/*watch_forks=*/true);  // Note [One capture observer]
   std::optional<InputMutationCheck> mutations;
   try {
     mutations.emplace(rec->inputs, rec->copied);
@@ -425,7 +425,7 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PlaceholderViewCheck views(ins, rec->inputs, rec->copied, rec->dense);
     rec->graph = backend_->capture(run, rec->inputs, &rec->outputs, captureSpec(fn, stateOf(fn)));
-    if (!views.refusal().empty()) throw CaptureRejected(views.refusal());
+    if (!observer.refusal().empty()) throw CaptureRejected(observer.refusal());  // views too
     // The placeholders ran: those that can be are written back (Note in WriteBack.h).
     rec->write_back =
         WriteBack::decide(*mutations, ins, rec->copied, fn.aliases, &rec->inputs, &refused);

@@ -1,6 +1,7 @@
 #include "cpu/CpuGraph.h"
 
 #include "AutocastState.h"
+#include "CaptureObserver.h"
 #include "CollectiveBuffers.h"
 #include "PythonHooks.h"
 #include "ThreadState.h"
@@ -93,6 +94,12 @@ void CpuGraph::replayPython(const RunFn& run, const std::vector<at::Tensor>& inp
   st.wait_for_frees = uses_collectives_;
   ReplayScope replay_scope(st.liveness);
   std::vector<at::Tensor> outputs;
+  // Note [Collective buffers]: their storages are seen through RecordFunction, which the user's
+  // choice to switch it off is not overridden for (Note [One capture observer]).
+  TORCH_CHECK(!uses_collectives_ || !CaptureObserver::blind(), "graphtrees: the replay of '", name_,
+              "' runs its Python code again, and it calls collectives, whose buffers graphtrees "
+              "tells through RecordFunction: it is switched off on this thread (torch._C._autograd."
+              "_enable_record_function(False)). Switch it on around graphed calls");
   CollectiveBuffers collective_buffers(uses_collectives_);
   {
     RouteGuard guard(&st);
@@ -146,7 +153,7 @@ void CpuGraph::replayPython(const RunFn& run, const std::vector<at::Tensor>& inp
 
 std::string CpuGraph::explainDifference(const std::function<void()>& eager,
                                         const std::vector<at::Tensor>& eager_inputs) const {
-  if (!program_) {
+  if (!program_ || CaptureObserver::blind()) {  // a blind trace would compare nothing
     eager();
     return std::string();
   }

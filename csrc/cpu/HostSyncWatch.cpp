@@ -12,13 +12,14 @@ namespace graphtrees {
 // tensor, .tolist(), printing, nonzero and boolean-mask indexing, unique, torch.equal, ...). The
 // CPU emulation could record such a function without complaint (its op program bakes whatever
 // the host read, its Python replay would re-read it), so a test passing on CPU would say nothing
-// about CUDA. During a CPU capture a thread-local RecordFunction observer therefore watches the
-// ops the function dispatches (nested ones included) and Tensor.tolist(), which ATen does not
+// about CUDA. During a CPU capture a watcher of the capture observer (Note [One capture observer]
+// in CaptureObserver.h) therefore watches the ops the function dispatches (nested ones included)
+// and Tensor.tolist(), which ATen does not
 // dispatch, is reported by the Python layer through noteHostSync(). Any of them makes the capture
 // rejected exactly like a CUDA one: capture() throws CaptureRejected and the tree runs the
 // function eagerly from then on (a capture that ran to its end hands its real results over, so
 // this call does not run it twice). Ops whose CPU kernels read values where their CUDA kernels do
-// not (_assert_async) are exempt, with everything they call.
+// not (_assert_async) are exempt, with everything they call (the watcher is not shown those).
 
 namespace {
 
@@ -71,42 +72,39 @@ bool exemptFromHostSyncWatch(const char* op) {
          std::strcmp(op, "aten::_functional_assert_async") == 0;
 }
 
-std::unique_ptr<at::ObserverContext> watchOpStart(const at::RecordFunction& fn) {
-  HostSyncWatch* w = tls_watch;
-  if (w == nullptr) return nullptr;
-  const char* op = fn.name();
-  w->collectives = w->collectives || CollectiveBuffers::isCollective(op);
-  if (exemptFromHostSyncWatch(op)) {
-    w->exempt_depth++;
-  } else if (w->exempt_depth == 0 && w->first.empty()) {
-    if (const char* what = hostSyncDescription(op)) {
-      w->first = std::string(op) + " (" + what + ")";
-    } else if (const char* kernel = dataDependentKernel(fn)) {
-      w->first = std::string(op) + " (" + kernel + ")";
-    }
-  }
-  return nullptr;
-}
-
-void watchOpEnd(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
-  HostSyncWatch* w = tls_watch;
-  if (w != nullptr && exemptFromHostSyncWatch(fn.name()) && w->exempt_depth > 0) w->exempt_depth--;
-}
-
 }  // namespace
 
 HostSyncWatchGuard::HostSyncWatchGuard(HostSyncWatch* watch)
-    : prev_(tls_watch),
-      handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&watchOpStart, &watchOpEnd)
-                                             .needsInputs(false)
-                                             .needsOutputs(false)
-                                             .scopes({at::RecordScope::FUNCTION}))) {
+    : CaptureWatcher(Needs{/*inputs=*/false, /*outputs=*/false}), watch_(watch), prev_(tls_watch) {
   tls_watch = watch;
+  startWatching();
 }
 
 HostSyncWatchGuard::~HostSyncWatchGuard() {
+  stopWatching();
   tls_watch = prev_;
-  at::removeCallback(handle_);
+}
+
+Descend HostSyncWatchGuard::onStart(const ObservedOp& o, int /*level*/) {
+  HostSyncWatch* w = watch_;
+  const char* op = o.fn.name();
+  w->collectives = w->collectives || CollectiveBuffers::isCollective(op);
+  if (exemptFromHostSyncWatch(op)) {
+    w->exempt_depth++;  // noteHostSync() too is exempt while it runs
+    return Descend::kNo;
+  }
+  if (w->first.empty()) {
+    if (const char* what = hostSyncDescription(op)) {
+      w->first = std::string(op) + " (" + what + ")";
+    } else if (const char* kernel = dataDependentKernel(o.fn)) {
+      w->first = std::string(op) + " (" + kernel + ")";
+    }
+  }
+  return Descend::kNested;
+}
+
+void HostSyncWatchGuard::onEnd(const ObservedOp& o, int /*level*/, Descend /*chosen*/) {
+  if (exemptFromHostSyncWatch(o.fn.name()) && watch_->exempt_depth > 0) watch_->exempt_depth--;
 }
 
 void noteHostSync(const char* what) {

@@ -2,7 +2,7 @@
 
 // What a CUDA capture would reject, watched during a CPU capture (Note [Rejected captures]).
 
-#include <ATen/record_function.h>
+#include "CaptureWatcher.h"
 
 #include <string>
 
@@ -14,18 +14,20 @@ struct HostSyncWatch {
   bool collectives = false;  // a c10d op was dispatched (Note [Collective buffers])
 };
 
-// Installs `watch` on this thread for the lifetime of the guard.
-class HostSyncWatchGuard {
+// Fills `watch` from this thread's ops for the lifetime of the guard: a watcher of the capture
+// observer (Note [One capture observer] in CaptureObserver.h), shown every op but those that an
+// exempt op calls.
+class HostSyncWatchGuard : public CaptureWatcher {
  public:
   explicit HostSyncWatchGuard(HostSyncWatch* watch);
-  ~HostSyncWatchGuard();
-  HostSyncWatchGuard(const HostSyncWatchGuard&) = delete;
-  HostSyncWatchGuard& operator=(const HostSyncWatchGuard&) = delete;
+  ~HostSyncWatchGuard() override;
 
  private:
-  HostSyncWatch* prev_;
-  at::CallbackHandle handle_;
-  at::RecordFunctionGuard enabled_{true};  // observe even where RecordFunction is switched off
+  Descend onStart(const ObservedOp& op, int level) override;
+  void onEnd(const ObservedOp& op, int level, Descend chosen) override;
+
+  HostSyncWatch* watch_;
+  HostSyncWatch* prev_;  // for noteHostSync(), which no op shows
 };
 
 // Reports a host read that ATen does not dispatch (Tensor.tolist()) on the calling thread: during

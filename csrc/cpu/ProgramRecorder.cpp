@@ -54,14 +54,11 @@ bool containsTensor(const c10::IValue& v) {
 
 ProgramRecorder::ProgramRecorder(const std::vector<at::Tensor>& inputs,
                                  const std::vector<Allocation>* allocations, const CpuPool* pool)
-    : program_(std::make_unique<OpProgram>()),
+    : CaptureWatcher(Needs{/*inputs=*/true, /*outputs=*/true}),
+      program_(std::make_unique<OpProgram>()),
       allocations_(allocations),
       pool_(pool),
-      prev_(tls_recorder),
-      handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&onStart, &onEnd)
-                                             .needsInputs(true)
-                                             .needsOutputs(true)
-                                             .scopes({at::RecordScope::FUNCTION}))) {
+      prev_(tls_recorder) {
   program_->num_inputs_ = static_cast<int32_t>(inputs.size());
   program_->num_slots_ = program_->num_inputs_;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -70,20 +67,12 @@ ProgramRecorder::ProgramRecorder(const std::vector<at::Tensor>& inputs,
     seen_.emplace_back(inputs[i].getIntrusivePtr());
   }
   tls_recorder = this;
+  startWatching();
 }
 
 ProgramRecorder::~ProgramRecorder() {
+  stopWatching();
   if (tls_recorder == this) tls_recorder = prev_;
-  if (handle_ != 0) at::removeCallback(handle_);
-}
-
-std::unique_ptr<at::ObserverContext> ProgramRecorder::onStart(const at::RecordFunction& fn) {
-  if (ProgramRecorder* r = tls_recorder) r->start(fn);
-  return nullptr;
-}
-
-void ProgramRecorder::onEnd(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
-  if (ProgramRecorder* r = tls_recorder) r->end(fn);
 }
 
 void ProgramRecorder::noteUndispatchedAccess(const std::string& what) {
@@ -106,38 +95,43 @@ namespace {
 // non-contiguous input allocated differently on replay, and the program was not proved); SDPA
 // picks its kernel likewise. So such an op is not a step: the ops its kernel called are, as a
 // CUDA graph records the kernels they launched.
-bool decomposedOnReplay(const c10::OperatorName& name) {
-  const auto handle = c10::Dispatcher::singleton().findOp(name);
-  return handle && !handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
-         handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+bool decomposedOnReplay(const c10::OperatorHandle& handle) {
+  return !handle.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+         handle.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
 }
 }  // namespace
 
-void ProgramRecorder::start(const at::RecordFunction& fn) {
-  const auto name = fn.operator_name();
-  if (!name) return;
-  if (depth_ == 0 && decomposedOnReplay(*name)) return;  // end() skips it too
-  const bool top = depth_++ == 0;
-  if (!failure_.empty()) return;
+Descend ProgramRecorder::onStart(const ObservedOp& op, int level) {
+  const at::RecordFunction& fn = op.fn;
+  if (!op.named()) return Descend::kSeeThrough;  // not an op: its calls stand for it
+  const auto& handle = op.handle();
+  if (level == 0 && handle && decomposedOnReplay(*handle)) return Descend::kSeeThrough;
+  if (!failure_.empty()) return Descend::kNested;
   // RecordFunction swallows what a callback throws: an error here must fail the recording.
   try {
-    if (top) {
-      recordStep(fn, *name);
+    if (level == 0) {
+      if (!handle) {
+        fail("op #" + std::to_string(program_->steps_.size()) + " " + fn.name() +
+             " is not registered with the dispatcher");
+      } else {
+        recordStep(fn, *handle);
+      }
     } else {
-      noteNestedWrites(fn);
+      noteNestedWrites(op);
     }
   } catch (const std::exception& e) {
     fail(std::string("recording ") + fn.name() + " failed: " + e.what());
   }
+  return Descend::kNested;
 }
 
-void ProgramRecorder::noteNestedWrites(const at::RecordFunction& fn) {
+void ProgramRecorder::noteNestedWrites(const ObservedOp& op) {
   // The top-level op may write through the ops it calls (aten::batch_norm updates its running
   // statistics in a nested op): the proof needs those storages' old bytes too.
   if (allocations_ == nullptr) return;
-  const auto handle = c10::Dispatcher::singleton().findOp(*fn.operator_name());
+  const auto& handle = op.handle();
   if (!handle) return;
-  const auto inputs = fn.inputs();
+  const auto inputs = op.fn.inputs();
   const auto& args = handle->schema().arguments();
   for (size_t i = 0; i < inputs.size() && i < args.size(); ++i) {
     if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite()) continue;
@@ -149,14 +143,12 @@ void ProgramRecorder::noteNestedWrites(const at::RecordFunction& fn) {
   }
 }
 
-void ProgramRecorder::recordStep(const at::RecordFunction& fn, const c10::OperatorName& name) {
-  auto handle = c10::Dispatcher::singleton().findOp(name);
+void ProgramRecorder::recordStep(const at::RecordFunction& fn, const c10::OperatorHandle& handle) {
   const std::string label = "op #" + std::to_string(program_->steps_.size()) + " " + fn.name();
-  if (!handle) return fail(label + " is not registered with the dispatcher");
-  const auto& schema = handle->schema().arguments();
+  const auto& schema = handle.schema().arguments();
   const auto inputs = fn.inputs();
   if (inputs.size() != schema.size()) return fail(label + ": its arguments could not be observed");
-  OpProgram::Step step(*handle);
+  OpProgram::Step step(handle);
   step.alloc_begin = allocations_ != nullptr ? allocations_->size() : 0;
   std::vector<OpProgram::Arg> args;
   args.reserve(inputs.size());
@@ -171,12 +163,11 @@ void ProgramRecorder::recordStep(const at::RecordFunction& fn, const c10::Operat
   program_->steps_.push_back(std::move(step));  // complete, or not at all
 }
 
-void ProgramRecorder::end(const at::RecordFunction& fn) {
-  const auto name = fn.operator_name();
-  if (!name) return;
-  // Its start() saw depth 0 too: the ops it called ended before it, at the depth it left.
-  if (depth_ == 0 && decomposedOnReplay(*name)) return;
-  if (--depth_ > 0 || !failure_.empty() || program_->steps_.empty()) return;
+void ProgramRecorder::onEnd(const ObservedOp& op, int level, Descend chosen) {
+  if (chosen != Descend::kNested || level > 0 || !failure_.empty() || program_->steps_.empty()) {
+    return;
+  }
+  const at::RecordFunction& fn = op.fn;
   try {
     recordResults(fn);
   } catch (const std::exception& e) {
@@ -338,8 +329,7 @@ void ProgramRecorder::noteGenerator(const at::Generator& g) {
 
 std::unique_ptr<OpProgram> ProgramRecorder::finish(std::string* why) {
   if (tls_recorder == this) tls_recorder = prev_;
-  at::removeCallback(handle_);
-  handle_ = 0;
+  stopWatching();
   if (!failure_.empty()) {
     *why = failure_;
     return nullptr;

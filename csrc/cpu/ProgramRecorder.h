@@ -2,12 +2,12 @@
 
 // Records the op program (cpu/OpProgram.h) of one run of a function on the calling thread.
 
+#include "CaptureWatcher.h"
 #include "RngStates.h"
 #include "cpu/OpProgram.h"
 #include "cpu/RoutingAllocator.h"
 
 #include <ATen/core/Generator.h>
-#include <ATen/record_function.h>
 #include <c10/core/Storage.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -24,10 +24,11 @@ namespace graphtrees {
 class CpuPool;
 
 // Note [Recording an op program]
-// A thread-local RecordFunction observer sees every op the thread dispatches. Only top-level ops
-// become steps: an op called from inside another op's kernel is that op's business (a depth
-// count over dispatcher ops) -- except that a composite op's calls are the steps (Note
-// [Composite ops are recorded decomposed] in ProgramRecorder.cpp). Tensors are told apart by
+// A watcher of the capture observer (Note [One capture observer] in CaptureObserver.h) is shown
+// every op the thread dispatches. Only top-level ops (level 0) become steps: an op called from
+// inside another op's kernel is that op's business -- except that a composite op's calls are the
+// steps (the recorder sees through it: Note [Composite ops are recorded decomposed] in
+// ProgramRecorder.cpp). Tensors are told apart by
 // their TensorImpl: the recorder keeps a weak reference to each one it has seen, which keeps the
 // identity (no other tensor can take the address) without keeping the tensor, or its memory,
 // alive -- a strong one would change the allocation pattern being recorded. A tensor the
@@ -43,7 +44,7 @@ class CpuPool;
 // writes: aten::batch_norm updates its running statistics unsaid, c10d's in-place ops too), and
 // kept if the run changed them (up to kSavedBytesLimit in all: past it the program is not
 // proved); so is the state of every generator an op takes.
-class ProgramRecorder {
+class ProgramRecorder : public CaptureWatcher {
  public:
   // A storage the function wrote that it did not make.
   struct SavedStorage {
@@ -56,9 +57,7 @@ class ProgramRecorder {
   // recorded program by OpProgram::firstDifference).
   ProgramRecorder(const std::vector<at::Tensor>& inputs, const std::vector<Allocation>* allocations,
                   const CpuPool* pool);
-  ~ProgramRecorder();
-  ProgramRecorder(const ProgramRecorder&) = delete;
-  ProgramRecorder& operator=(const ProgramRecorder&) = delete;
+  ~ProgramRecorder() override;
 
   // Stops recording; the program, or nullptr with the reason in `why`.
   std::unique_ptr<OpProgram> finish(std::string* why);
@@ -74,13 +73,11 @@ class ProgramRecorder {
   const RngStates& generatorStates() const { return generators_; }
 
  private:
-  static std::unique_ptr<at::ObserverContext> onStart(const at::RecordFunction& fn);
-  static void onEnd(const at::RecordFunction& fn, at::ObserverContext* ctx);
-  void start(const at::RecordFunction& fn);
-  void end(const at::RecordFunction& fn);
-  void recordStep(const at::RecordFunction& fn, const c10::OperatorName& name);
+  Descend onStart(const ObservedOp& op, int level) override;
+  void onEnd(const ObservedOp& op, int level, Descend chosen) override;
+  void recordStep(const at::RecordFunction& fn, const c10::OperatorHandle& handle);
   void recordResults(const at::RecordFunction& fn);
-  void noteNestedWrites(const at::RecordFunction& fn);
+  void noteNestedWrites(const ObservedOp& op);
   void noteGenerator(const at::Generator& g);
   OpProgram::Arg argument(const c10::IValue& value);
   int32_t slotOf(const at::Tensor& t);
@@ -101,10 +98,7 @@ class ProgramRecorder {
   std::string unproven_;
   RngStates generators_;
   std::string failure_;
-  int depth_ = 0;
-  ProgramRecorder* prev_;
-  at::CallbackHandle handle_;
-  at::RecordFunctionGuard enabled_{true};
+  ProgramRecorder* prev_;  // for noteUndispatchedAccess(), which no op shows
 };
 
 }  // namespace graphtrees
