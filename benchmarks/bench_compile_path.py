@@ -19,26 +19,12 @@ Prints, in one process, interleaved over rounds (minimum per variant, us per cal
 
 import argparse
 import time
-import types
 
 import torch
-from torch._functorch.aot_autograd import aot_module_simplified
+from bench_standin import aot_floor_backend, f, fresh
 
 import graphtrees
 from graphtrees import _dynamo_backend as backend
-
-
-def f(x):
-    for _ in range(10):
-        x = x * 1.5 + 1.0
-    return x
-
-
-def fresh(fn):
-    """`fn` under a code object of its own. Dynamo keeps its compiled entries per code object and
-    checks them in turn: variants compiled from one function pay for each other's guards, in an
-    order that changes between processes."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
 def main():
@@ -47,15 +33,7 @@ def main():
     parser.add_argument("--iters", type=int, default=2000)
     args = parser.parse_args()
     x = torch.ones(64, device="cuda")
-    ready = f(x)
-
-    def aot_ready_backend(gm, example_inputs):
-        def fw(g, ins):
-            outs = g(*ins)
-            return lambda *a: [ready for _ in outs]
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
-
+    aot_ready_backend = aot_floor_backend(f(x))
     made = []
     wrap = backend._wrap
 

@@ -49,6 +49,21 @@ def fresh(fn):
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
+def aot_floor_backend(ready):
+    """A dynamo backend whose AOTAutograd forward returns `ready` at once: what dynamo and
+    AOTAutograd cost by themselves (the floor the recorded variants are measured above)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    def backend(gm, example_inputs):
+        def fw(g, ins):
+            outs = g(*ins)
+            return lambda *args: [ready for _ in outs]
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
+
+    return backend
+
+
 def per_call_us(fn, iters):
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -58,7 +73,6 @@ def per_call_us(fn, iters):
 
 def bench_overhead(iters, rounds):
     import torch._dynamo
-    from torch._functorch.aot_autograd import aot_module_simplified
 
     x = torch.ones(64, device="cuda")
     ready = f(x)
@@ -67,12 +81,7 @@ def bench_overhead(iters, rounds):
         as_tuple = isinstance(gm(*example_inputs), tuple)
         return (lambda *args: (ready,)) if as_tuple else (lambda *args: ready)
 
-    def aot_ready_backend(gm, example_inputs):
-        def fw(g, ins):
-            outs = g(*ins)
-            return lambda *args: [ready for _ in outs]
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
+    aot_ready_backend = aot_floor_backend(ready)
 
     static_x = x.clone()
     graph = torch.cuda.CUDAGraph()
