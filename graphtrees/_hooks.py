@@ -31,7 +31,8 @@ import torch
 _C = None  # the compiled core, set by install()
 
 _logger = logging.getLogger("graphtrees")
-_tolist_lock = threading.Lock()
+# Guards the state that captures on all threads share: the tolist watch and the GC pause.
+_scope_lock = threading.Lock()
 
 
 def _emit(level: int, message: str) -> None:
@@ -70,6 +71,7 @@ def _collect_garbage() -> None:
 _capture_tls = threading.local()
 _original_tolist = None
 _active_scopes = 0
+_gc_was_enabled = False  # the collector's state when the first of the _active_scopes began
 
 
 def _enclosing_custom_op() -> str | None:
@@ -190,16 +192,22 @@ def _capture_scope():
 
     import torch
 
-    global _original_tolist, _active_scopes
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    _capture_tls.depth = getattr(_capture_tls, "depth", 0) + 1
-    with _tolist_lock:
-        # torch.Tensor.tolist is replaced only while some thread captures.
-        if _active_scopes == 0 and "tolist" not in torch.Tensor.__dict__:
-            _original_tolist = torch.Tensor.tolist
-            torch.Tensor.tolist = _watched_tolist
+    global _original_tolist, _active_scopes, _gc_was_enabled
+    # Note [One pause of the collector for all threads]: the collector is process-wide, and a
+    # capture's own "was it enabled?" is wrong while another thread captures: a scope that began
+    # during another's saw it paused, and once that other scope re-enabled it, paused it again for
+    # good; a scope that ended first re-enabled it under the other's capture. So the first scope
+    # to begin pauses it and the last to end restores what the first saw, under one lock.
+    with _scope_lock:
+        if _active_scopes == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+            # torch.Tensor.tolist is replaced only while some thread captures.
+            if "tolist" not in torch.Tensor.__dict__:
+                _original_tolist = torch.Tensor.tolist
+                torch.Tensor.tolist = _watched_tolist
         _active_scopes += 1
+    _capture_tls.depth = getattr(_capture_tls, "depth", 0) + 1
     previous_profile = sys.getprofile()
     watching = previous_profile is None or callable(previous_profile)
     if watching:
@@ -207,15 +215,18 @@ def _capture_scope():
 
     def leave():
         global _active_scopes
-        if watching:
-            sys.setprofile(previous_profile)
-        _capture_tls.depth -= 1
-        with _tolist_lock:
-            _active_scopes -= 1
-            if _active_scopes == 0 and torch.Tensor.__dict__.get("tolist") is _watched_tolist:
-                del torch.Tensor.tolist
-        if gc_was_enabled:
-            gc.enable()
+        try:
+            if watching:
+                sys.setprofile(previous_profile)
+            _capture_tls.depth -= 1
+        finally:
+            with _scope_lock:
+                _active_scopes -= 1
+                if _active_scopes == 0:
+                    if torch.Tensor.__dict__.get("tolist") is _watched_tolist:
+                        del torch.Tensor.tolist
+                    if _gc_was_enabled:
+                        gc.enable()
 
     return leave
 

@@ -305,6 +305,63 @@ def test_garbage_collector_is_paused_during_captures(device):
     assert "tolist" not in torch.Tensor.__dict__  # the host-read watch is gone after a capture
 
 
+def test_overlapping_captures_of_two_threads_keep_the_collector_paused():
+    # Two threads capture at once (CPU trees: per thread, not serialised; CUDA captures of one
+    # device take turns, so they cannot overlap there). Thread A's capture begins, B's begins,
+    # A's ends while B still captures: the collector must stay paused until B's ends, and be
+    # running again after both. Each scope used to restore what it saw at its own start: A's end
+    # re-enabled the collector under B's capture (and in another order left it paused for good).
+    import threading
+
+    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+    calls = {"a": 0, "b": 0}
+    b_states, errors = [], []
+
+    def fa(x):
+        calls["a"] += 1
+        if calls["a"] == 2:  # the capture (the first call is the warmup)
+            a_in.set()
+            assert b_in.wait(20), "B's capture never began"
+        return x + 1
+
+    def fb(x):
+        calls["b"] += 1
+        if calls["b"] == 2:
+            b_in.set()
+            assert a_done.wait(20), "A's capture never ended"
+            b_states.append(gc.isenabled())
+        return x * 2
+
+    ga, gb = cudagraphify(fa), cudagraphify(fb)
+    x = torch.ones(4)
+
+    def run(g, want, before=None, after=None):
+        try:
+            with torch.no_grad():
+                g(x)  # warmup
+                if before is not None:
+                    assert before.wait(20)
+                g(x)  # capture
+                if after is not None:
+                    after.set()
+                assert_close(g(x), want)  # a replay
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    assert gc.isenabled()
+    ta = threading.Thread(target=run, args=(ga, x + 1, None, a_done))
+    tb = threading.Thread(target=run, args=(gb, x * 2, a_in, None))
+    ta.start()
+    tb.start()
+    ta.join(60)
+    tb.join(60)
+    assert errors == []
+    assert [s["eager_reason"] for s in ga.signatures() + gb.signatures()] == [None, None]
+    assert b_states == [False]  # still paused for B after A's capture ended
+    assert gc.isenabled()  # and running again after both
+    assert "tolist" not in torch.Tensor.__dict__
+
+
 def _autocast_device(device):
     return torch.device(device).type
 
