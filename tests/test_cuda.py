@@ -879,3 +879,44 @@ def test_pool_bytes_side_by_side_with_pytorchs_trees(capsys):
     assert ours[1] == ours[0]  # the second branch reuses the first one's memory
     assert theirs[1] <= theirs[0]  # so do PyTorch's trees
     assert ours[1] <= theirs[1]  # and graphtrees' pool is no larger than theirs
+
+
+@pytest.mark.parametrize("case", ["one", "two", "permuted", "three", "strided"])
+def test_copied_inputs_reach_each_replay_whichever_way_they_are_copied(case):
+    # Note [Input copies of a replay]: one or two inputs that are plain byte copies go by
+    # cudaMemcpyAsync, the others (more of them, or not dense) by one _foreach_copy_ launch.
+    # Each replay must see the values of this call's inputs either way.
+    def inputs(seed):
+        gen = torch.Generator().manual_seed(seed)
+        full = [torch.randn(8, 6, generator=gen).to("cuda") for _ in range(3)]  # copies run
+        return {
+            "one": full[:1],
+            "two": full[:2],
+            "permuted": [full[0].t()],  # dense, not contiguous: still a byte copy
+            "three": full,
+            "strided": [full[0][:, ::2]],  # not dense
+        }[case]
+
+    def f(*xs):
+        return [x.clone() for x in xs]  # for a dense x, clone is a copy: the stand-in runs it
+
+    g = cudagraphify(f)
+    for seed in range(2):
+        g(*inputs(seed))  # warmup, recording
+    by_memcpy = case in ("one", "two", "permuted")
+    for seed in range(2, 5):
+        xs = inputs(seed)
+        if STANDIN is not None:
+            STANDIN.reset_counters()
+        outs = g(*xs)
+        if STANDIN is not None:
+            # Outside the replay only the input copies launch kernels: none by memcpy, one
+            # multi_tensor_apply (or, for a tensor that is not dense, copy kernels) otherwise.
+            launched = STANDIN.kernel_count("")
+            assert (launched == 0) if by_memcpy else (launched >= 1), launched
+            assert STANDIN.stats()["graph_launches"] == 1
+        assert [o.shape for o in outs] == [x.shape for x in xs]
+        if STANDIN is None or by_memcpy:  # kernels fill the placeholders otherwise
+            for o, x in zip(outs, xs):
+                assert torch.equal(o.cpu(), x.cpu()), (case, seed)
+    assert info("cuda")["num_replays"] == 3 and g.signatures()[0]["eager_reason"] is None

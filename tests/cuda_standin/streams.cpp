@@ -35,6 +35,15 @@ std::unordered_set<CUstream_st*>& liveStreams() {
   static auto* s = new std::unordered_set<CUstream_st*>();
   return *s;
 }
+// The live streams that synchronise with the legacy stream (created without
+// cudaStreamNonBlocking): what the legacy stream's work waits for. Kept apart from liveStreams so
+// that this wait costs nothing per op for torch's pool of non-blocking streams (one per priority
+// and device, 32 each), which would make every legacy-stream op of the process dearer the moment
+// anything takes a stream from that pool -- a cost a driver does not have.
+std::vector<CUstream_st*>& blockingStreams() {
+  static auto* s = new std::vector<CUstream_st*>();
+  return *s;
+}
 std::unordered_set<CUevent_st*>& liveEvents() {
   static auto* s = new std::unordered_set<CUevent_st*>();
   return *s;
@@ -48,6 +57,7 @@ CUstream_st* newStream(unsigned flags, int priority) {
   s->flags = flags;
   s->priority = priority;
   liveStreams().insert(s);
+  if ((flags & cudaStreamNonBlocking) == 0) blockingStreams().push_back(s);
   return s;
 }
 
@@ -106,8 +116,8 @@ uint64_t enqueue(CUstream_st* s, const char* what, std::function<void()> run,
   op.waits = std::move(waits);
   CUstream_st* legacy = legacyStream();
   if (s->legacy) {
-    for (CUstream_st* b : liveStreams()) {
-      if ((b->flags & cudaStreamNonBlocking) == 0 && b->next_seq - 1 > b->done_seq) {
+    for (CUstream_st* b : blockingStreams()) {
+      if (b->next_seq - 1 > b->done_seq) {
         op.waits.push_back({b, b->next_seq - 1});
       }
     }
@@ -180,6 +190,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   runStream(s);  // its work still completes
   s->alive = false;
   liveStreams().erase(s);
+  auto& blocking = blockingStreams();
+  blocking.erase(std::remove(blocking.begin(), blocking.end(), s), blocking.end());
   retireHandle(s, HandleKind::kStream, "cudaStreamDestroy");
   return cudaSuccess;
 }
