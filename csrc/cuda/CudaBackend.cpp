@@ -409,19 +409,22 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
 // calls have one or two of them, and for those `_foreach_copy_` is the dearest part of a replay's
 // host side: the dispatcher, then multi_tensor_apply filling and copying a ~4 KiB kernel argument
 // block (two thirds of the instructions of a one-input replay, measured with callgrind on the
-// CUDA stand-in). A copy that is a plain byte copy -- same dtype, same strides, dense, no conj or
-// neg bit, on this device, not overlapping its placeholder -- is therefore one cudaMemcpyAsync
-// (what copy_ itself issues for such a pair), as long as there are at most kMemcpyInputs of them;
-// more, and one batched `_foreach_copy_` launch is cheaper than as many memcpys. Every other copy
-// (another dtype or layout, another device) goes through `_foreach_copy_`, which handles them all.
+// CUDA stand-in). A copy that is a plain byte copy -- strided and not quantized, same dtype and
+// strides, dense, no conj or neg bit, on this device, not overlapping its placeholder -- is one
+// cudaMemcpyAsync (what copy_ itself issues for such a pair), as long as there are at most
+// kMemcpyInputs of them: for more, one batched `_foreach_copy_` launch costs the host less than
+// as many memcpys (two is a guess a GPU run must check: bench_gpu.py times 1 and 8 inputs). Every
+// other copy (another layout, another device) goes through `_foreach_copy_`, which handles all.
 namespace {
 
 constexpr size_t kMemcpyInputs = 2;
 
 bool isByteCopy(const at::Tensor& dst, const at::Tensor& src) {
-  if (src.device() != dst.device() || src.scalar_type() != dst.scalar_type() ||
-      src.sizes() != dst.sizes() || src.strides() != dst.strides() || src.is_conj() ||
-      src.is_neg() || dst.is_conj() || dst.is_neg() || !src.is_non_overlapping_and_dense()) {
+  if (src.layout() != at::kStrided || dst.layout() != at::kStrided || src.is_quantized() ||
+      dst.is_quantized() || src.device() != dst.device() ||
+      src.scalar_type() != dst.scalar_type() || src.sizes() != dst.sizes() ||
+      src.strides() != dst.strides() || src.is_conj() || src.is_neg() || dst.is_conj() ||
+      dst.is_neg() || !src.is_non_overlapping_and_dense()) {
     return false;
   }
   // Dense with strides >= 0 (torch has no others): the elements are the nbytes from data_ptr.
