@@ -25,6 +25,7 @@ std::array<bool, CaptureObserver::kForkSlots>& slotsTaken() {
   static std::array<bool, CaptureObserver::kForkSlots> taken{};
   return taken;
 }
+int g_shared_users = 0;  // observers on kSharedSlot now, under slotsMutex()
 
 int takeSlot() {
   std::lock_guard<std::mutex> lock(slotsMutex());
@@ -36,13 +37,19 @@ int takeSlot() {
       return s;
     }
   }
+  // The shared slot's flag says a fork ran under one of the observers sharing it: each of them
+  // then refuses its capture (they cannot tell whose it was). It starts clear for the first.
+  if (g_shared_users++ == 0) g_forked[kSharedSlot].store(false, std::memory_order_relaxed);
   return kSharedSlot;
 }
 
 void giveSlot(int slot) {
-  if (slot == kSharedSlot) return;
   std::lock_guard<std::mutex> lock(slotsMutex());
-  slotsTaken()[slot] = false;
+  if (slot == kSharedSlot) {
+    --g_shared_users;
+  } else {
+    slotsTaken()[slot] = false;
+  }
 }
 
 }  // namespace

@@ -95,3 +95,48 @@ def test_a_function_that_forks_torchscript_work_runs_eagerly_and_matches_eager()
     (sig,) = g.signatures()
     assert "torch.jit.fork" in sig["eager_reason"]
     assert info("cpu")["num_recordings"] == 0
+
+
+def test_the_shared_fork_slot_forgets_a_fork_once_its_observers_are_gone():
+    # Observers past CaptureObserver::kForkSlots (32) share one more slot; a fork seen there
+    # refuses the captures of all that share it. Before, its flag was never cleared: once every
+    # slot had been taken and something forked, every later capture on the shared slot was
+    # refused as forking.
+    import threading
+
+    slots = 32  # CaptureObserver::kForkSlots
+    inside = threading.Barrier(slots + 1)
+    release = threading.Event()
+    errors = []
+
+    def hold(x):
+        inside.wait(30)
+        assert release.wait(60)
+        return x + 1
+
+    def holder():
+        try:
+            graphtrees.cudagraphify(hold)(torch.ones(2))  # its warmup holds a slot meanwhile
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=holder) for _ in range(slots)]
+    for t in threads:
+        t.start()
+    try:
+        inside.wait(30)  # every slot is taken: this thread's observers share the last one
+        state = torch.zeros(8)
+        forking = graphtrees.cudagraphify(lambda x: _forking(x, state) * 3, name="forking")
+        for _ in range(3):
+            forking(torch.randn(8))
+        assert "torch.jit.fork" in forking.signatures()[0]["eager_reason"]
+        plain = graphtrees.cudagraphify(lambda x: x * 2, name="plain")
+        x = torch.randn(4)
+        for _ in range(3):
+            assert_close(plain(x), x * 2)
+        assert plain.signatures()[0]["eager_reason"] is None
+    finally:
+        release.set()
+        for t in threads:
+            t.join(60)
+    assert errors == []
