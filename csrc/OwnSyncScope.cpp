@@ -19,8 +19,9 @@ namespace graphtrees {
 // libc10_cuda exports as a unique symbol, so this extension reads and writes the same one), the
 // same in torch 2.11 and 2.14: nothing depends on the version. Being process-wide, the mode is
 // off for every thread while a scope lives; scopes of several threads nest through a count, so
-// the user's mode comes back when the last one ends. A synchronising call of another thread in
-// that window goes unreported, which a debugging aid can afford.
+// the user's mode comes back when the last one ends -- unless someone set a mode meanwhile (the
+// user, on another thread): theirs is the newer word and stays. A synchronising call of another
+// thread in that window goes unreported, which a debugging aid can afford.
 #ifdef GRAPHTREES_WITH_CUDA
 namespace {
 
@@ -50,7 +51,11 @@ OwnSyncScope::OwnSyncScope() {
 OwnSyncScope::~OwnSyncScope() {
   Paused& p = paused();
   std::lock_guard<std::mutex> lock(p.mutex);
-  if (--p.scopes == 0) c10::cuda::warning_state().set_sync_debug_mode(p.saved);
+  if (--p.scopes != 0) return;
+  auto& state = c10::cuda::warning_state();
+  if (state.get_sync_debug_mode() == c10::cuda::SyncDebugMode::L_DISABLED) {
+    state.set_sync_debug_mode(p.saved);
+  }
 }
 #else
 OwnSyncScope::OwnSyncScope() = default;

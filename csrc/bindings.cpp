@@ -7,6 +7,7 @@
 #include "FailureInjection.h"
 #include "GraphedCallable.h"
 #include "Logging.h"
+#include "OwnSyncScope.h"
 #include "PythonHooks.h"
 #include "ThreadState.h"
 #include "TreeRegistry.h"
@@ -350,6 +351,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_capture_scope_hook", &setCaptureScopeHookFromPython);
   m.def("_set_find_storages_hook", &setFindStoragesHookFromPython);
   m.def("_set_debug_checks", &setDebugChecks, py::arg("on"));
+  m.def(
+      "_in_own_sync_scope",
+      [](const py::function& fn) {
+        OwnSyncScope own;
+        return fn();
+      },
+      py::arg("fn"),
+      "Testing hook: fn() called inside an OwnSyncScope (Note [Syncs of graphtrees' own]).");
   m.def("_recording_graph", &recordingGraph,
         "True while this thread records a graph (or replays one on the CPU emulation).");
   m.def("_set_pytree_hooks", &setPyTreeHooks, py::arg("flatten"), py::arg("unflatten"),

@@ -244,3 +244,18 @@ def test_sync_debug_mode_error_around_a_cycle():
         torch.cuda.set_sync_debug_mode(0)
     assert t["num_recordings"] == 3 and t["num_replays"] > 0, t
     assert t["num_checkpoints"] >= 1, t  # the second branch restored the pool
+
+
+def test_a_sync_debug_mode_set_during_graphtrees_own_syncs_is_kept():
+    # graphtrees turns the mode off around its own syncs and puts the user's back afterwards;
+    # a mode set meanwhile (by the user, on another thread) is the newer word and must stay.
+    # Before, the scope's end put back the mode from before it, undoing the user's.
+    within = graphtrees._ext.get_ext()._in_own_sync_scope
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        assert within(torch.cuda.get_sync_debug_mode) == 0  # off inside
+        assert torch.cuda.get_sync_debug_mode() == 1  # the user's "warn" is back
+        within(lambda: torch.cuda.set_sync_debug_mode("error"))
+        assert torch.cuda.get_sync_debug_mode() == 2  # set inside: kept
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
