@@ -145,7 +145,17 @@ backtrace() {
   (( CRASHED )) || return 0
   local rerun=()
   if [[ -n $CRASH_TEST ]]; then
-    rerun=("$PYBIN" -m pytest -v --tb=short -p no:cacheprovider -p no:xdist -p no:timeout
+    # The stage's environment comes too (`env PYTORCH_CUDA_ALLOC_CONF=... pytest ...`): a crash
+    # that needs expandable segments does not happen without them.
+    local k=0
+    if [[ ${LAST_CMD[0]} == env ]]; then
+      rerun=(env)
+      for (( k = 1; k < ${#LAST_CMD[@]}; k++ )); do
+        [[ ${LAST_CMD[k]} == *=* ]] || break
+        rerun+=("${LAST_CMD[k]}")
+      done
+    fi
+    rerun+=("$PYBIN" -m pytest -v --tb=short -p no:cacheprovider -p no:xdist -p no:timeout
       "$CRASH_TEST")
   else
     rerun=("${LAST_CMD[@]}")
@@ -402,9 +412,11 @@ fi
 
 # --- A crash on purpose (GPU_CHECK_CRASH=1): rehearses the backtrace path ----------------------
 if [[ ${GPU_CHECK_CRASH:-0} == 1 ]]; then
-  export GPU_CHECK_CRASH_TEST=1  # read by that test alone
   SAVED=$STATUS
-  stage "crash on purpose (GPU_CHECK_CRASH=1)" 60 150 "$OUT/tests.log" "${PYTEST[@]}" \
+  # The variable goes in the stage's `env` prefix (read by that test alone), as the expandable
+  # segments stage's do: the rerun under the debugger must carry it for the crash to happen again.
+  stage "crash on purpose (GPU_CHECK_CRASH=1)" 60 150 "$OUT/tests.log" \
+    env GPU_CHECK_CRASH_TEST=1 "${PYTEST[@]}" \
     tests/test_scripts.py::test_crashes_on_purpose_for_the_gpu_check
   backtrace "crash on purpose" 150
   STATUS=$SAVED  # its crash is the point: it does not count
