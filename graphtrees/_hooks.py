@@ -193,11 +193,12 @@ def _capture_scope():
     import torch
 
     global _original_tolist, _active_scopes, _gc_was_enabled
-    # Note [One pause of the collector for all threads]: the collector is process-wide, and a
-    # capture's own "was it enabled?" is wrong while another thread captures: a scope that began
-    # during another's saw it paused, and once that other scope re-enabled it, paused it again for
-    # good; a scope that ended first re-enabled it under the other's capture. So the first scope
-    # to begin pauses it and the last to end restores what the first saw, under one lock.
+    # Note [One pause of the collector for all threads]
+    # The collector is process-wide, and a capture's own "was it enabled?" is wrong while another
+    # thread captures: a scope that began during another's saw it paused, and once that other
+    # scope re-enabled it, paused it again for good; a scope that ended first re-enabled it under
+    # the other's capture. So the first scope to begin pauses it and the last to end restores
+    # what the first saw, under one lock.
     with _scope_lock:
         if _active_scopes == 0:
             _gc_was_enabled = gc.isenabled()
