@@ -20,8 +20,10 @@ namespace graphtrees {
 // same in torch 2.11 and 2.14: nothing depends on the version. Being process-wide, the mode is
 // off for every thread while a scope lives; scopes of several threads nest through a count, so
 // the user's mode comes back when the last one ends -- unless someone set a mode meanwhile (the
-// user, on another thread): theirs is the newer word and stays. A synchronising call of another
-// thread in that window goes unreported, which a debugging aid can afford.
+// user, on another thread): theirs is the newer word and stays. ("default", the mode off, cannot
+// be told from graphtrees' own pause, which c10 does not count: set meanwhile, it is overwritten.)
+// A synchronising call of another thread in that window goes unreported, which a debugging aid can
+// afford.
 #ifdef GRAPHTREES_WITH_CUDA
 namespace {
 

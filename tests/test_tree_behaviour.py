@@ -1083,3 +1083,26 @@ def test_a_quiet_logger_costs_no_message_text(device, caplog):
     built = ext._log_messages_built() - before
     assert built > 0
     assert any("recorded node" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_recording_made_under_inference_mode_replays_under_no_grad(device, n):
+    # Inference mode is not part of a call's key, so a recording made under inference_mode (its
+    # placeholders are inference tensors) replays under no_grad too. Its input copies raised
+    # "Inplace update to inference tensor outside InferenceMode" there: on CPU always, on CUDA
+    # from three inputs on (one or two are memcpys, past that check). Note [Input copies of a
+    # replay] in csrc/cuda/InputCopies.cpp.
+    g = cudagraphify(lambda *xs: [x * 2 for x in xs])
+
+    def inputs(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return [torch.randn(5, generator=gen).to(device) for _ in range(n)]
+
+    with torch.inference_mode():
+        for seed in range(2):
+            g(*inputs(seed))  # warmup, recording
+    for seed in range(2, 4):
+        xs = inputs(seed)
+        assert_close(g(*xs), [x * 2 for x in xs])
+    assert info(device)["num_replays"] == 2
+    assert [s["eager_reason"] for s in g.signatures()] == [None]
