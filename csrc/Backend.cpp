@@ -2,6 +2,9 @@
 
 #include "Logging.h"
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/InferenceMode.h>
+
 #include <algorithm>
 
 namespace graphtrees {
@@ -30,6 +33,18 @@ PoolRoutingGuard::~PoolRoutingGuard() {
     GRAPHTREES_LOG(LogLevel::kWarning,
                    std::string("ending the pool routing after an error failed too: ") + e.what());
   }
+}
+
+// Note [Input copies in inference mode]
+// Inference mode is not part of a call's key, so a recording made under torch.inference_mode()
+// (its placeholders are inference tensors) replays under no_grad too, where a copy into an
+// inference tensor raises. A replay's copies therefore run in inference mode, whichever backend
+// makes them: they record no autograd history either way, and a placeholder that is a normal
+// tensor still has its version bumped.
+void copyReplayInputs(Backend& backend, const std::vector<at::Tensor>& dst,
+                      const std::vector<at::Tensor>& src) {
+  c10::InferenceMode any_mode;
+  backend.copyInputs(dst, src);
 }
 
 }  // namespace graphtrees

@@ -158,7 +158,8 @@ class Backend {
                                          std::vector<at::Tensor>* outputs,
                                          const CaptureSpec& spec) = 0;
 
-  // Copies `src[i]` into `dst[i]` (placeholders) before a replay.
+  // Copies `src[i]` into `dst[i]` (placeholders) before a replay; called through
+  // copyReplayInputs(), in inference mode.
   virtual void copyInputs(const std::vector<at::Tensor>& dst,
                           const std::vector<at::Tensor>& src) = 0;
 
@@ -231,6 +232,11 @@ class PoolRoutingGuard {
   Backend& backend_;
   bool active_ = true;
 };
+
+// A replay's input copies: backend.copyInputs(dst, src) in inference mode (Note [Input copies in
+// inference mode] in Backend.cpp).
+void copyReplayInputs(Backend& backend, const std::vector<at::Tensor>& dst,
+                      const std::vector<at::Tensor>& src);
 
 // Sorts and merges overlapping or touching intervals in place.
 void mergeIntervals(std::vector<Interval>* intervals);

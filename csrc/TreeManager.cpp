@@ -552,7 +552,7 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
       },
       [&] { return "a replay of '" + fn.name + "' wrote to its memory"; });
   bookkeeping_.markStale();
-  backend_->copyInputs(node.placeholders(), sources);
+  copyReplayInputs(*backend_, node.placeholders(), sources);
   node.graph().replay(run, inputs, copied, node.placeholders());
   // What the caller holds now: its own tensor, unless it was invalidated (then the clone the
   // replay read), which the write-back fills and outputs aliasing the input alias.

@@ -1090,8 +1090,8 @@ def test_a_recording_made_under_inference_mode_replays_under_no_grad(device, n):
     # Inference mode is not part of a call's key, so a recording made under inference_mode (its
     # placeholders are inference tensors) replays under no_grad too. Its input copies raised
     # "Inplace update to inference tensor outside InferenceMode" there: on CPU always, on CUDA
-    # from three inputs on (one or two are memcpys, past that check). Note [Input copies of a
-    # replay] in csrc/cuda/InputCopies.cpp.
+    # from three inputs on (one or two are memcpys, past that check). Note [Input copies in
+    # inference mode] in csrc/Backend.cpp.
     g = cudagraphify(lambda *xs: [x * 2 for x in xs])
 
     def inputs(seed):

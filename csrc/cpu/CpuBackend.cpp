@@ -9,7 +9,6 @@
 #include "cpu/RoutingAllocator.h"
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/UniqueVoidPtr.h>
 
@@ -178,7 +177,6 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
 void CpuBackend::copyInputs(const std::vector<at::Tensor>& dst,
                             const std::vector<at::Tensor>& src) {
   TORCH_INTERNAL_ASSERT(dst.size() == src.size());
-  c10::InferenceMode placeholders_of_any_mode;  // Note [Input copies of a replay]
   for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
 }
 

@@ -1,7 +1,6 @@
 #include "cuda/InputCopies.h"
 
 #include <ATen/ops/_foreach_copy.h>
-#include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -21,12 +20,7 @@ namespace graphtrees {
 // kMemcpyInputs of them: for more, one batched `_foreach_copy_` launch costs the host less than
 // as many memcpys (two is a guess a GPU run must check: bench_gpu.py times 1 and 8 inputs). Every
 // other copy (another layout, another device) goes through `_foreach_copy_`, which handles all.
-//
-// Inference mode is not part of a call's key, so a recording made under torch.inference_mode()
-// (its placeholders are inference tensors) replays under no_grad too; a copy into an inference
-// tensor outside inference mode raises. The copies of a replay (both backends) therefore run in
-// inference mode: they record no autograd history either way, and a placeholder that is a normal
-// tensor still has its version bumped.
+// They run in inference mode (Note [Input copies in inference mode] in Backend.cpp).
 namespace {
 
 constexpr size_t kMemcpyInputs = 2;
@@ -53,7 +47,6 @@ void copyIntoPlaceholders(const std::vector<at::Tensor>& dst, const std::vector<
   TORCH_INTERNAL_ASSERT(dst.size() == src.size());
   if (dst.empty()) return;
   c10::cuda::CUDAGuard guard(device);
-  c10::InferenceMode placeholders_of_any_mode;
   bool by_memcpy = dst.size() <= kMemcpyInputs;
   for (size_t i = 0; by_memcpy && i < dst.size(); ++i) by_memcpy = isByteCopy(dst[i], src[i]);
   if (by_memcpy) {
