@@ -108,59 +108,73 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
   // Objects whose hashes collide with a signature's, but that are not its objects, get a key of
   // their own, a variant (Note [Objects in the call signature]). Evictions leave holes in the
   // chain of variants: every variant ever made is looked at, and a new one fills the first hole.
+  // Evictions may block with the GIL released and let another thread add or evict signatures of
+  // this function (Note [Signatures and blocking calls]): a new signature that lost its key or
+  // its room to another thread looks again, a bounded number of times.
   const auto variantKey = [&](int64_t v) {
     return v < 0 ? flat.key : flat.key + '\x01' + std::to_string(v);
   };
-  int64_t hole = -2;
-  for (int64_t v = -1; v <= max_variant_; ++v) {
-    const std::string k = variantKey(v);
-    auto found = signatures_.peek(k);
-    // An argument object it was made for has died: it can never match again, and its
-    // recordings go with it (unless one is on the current path: then it stays).
-    if (found && !found->key_objects.matches(flat.key_objects) && found->key_objects.anyDead() &&
-        TreeRegistry::evictFunction(
-            found->device, found->record.id,
-            "'" + found->record.name + "' was recorded for an argument object that was freed")) {
-      signatures_.erase(k);
-      found = nullptr;
+  constexpr int kAttempts = 8;
+  for (int attempt = 1;; ++attempt) {
+    int64_t hole = -2;
+    for (int64_t v = -1; v <= max_variant_; ++v) {
+      const std::string k = variantKey(v);
+      std::shared_ptr<Signature> found = signatures_.peek(k);
+      // An argument object it was made for has died: it can never match again, and its
+      // recordings go with it (unless one is on the current path: then it stays).
+      if (found && !found->key_objects.matches(flat.key_objects) && found->key_objects.anyDead() &&
+          TreeRegistry::evictFunction(
+              found->device, found->record.id,
+              "'" + found->record.name + "' was recorded for an argument object that was freed")) {
+        signatures_.erase(k, found.get());
+        found = nullptr;
+      }
+      if (!found) {
+        if (hole == -2) hole = v;
+        continue;
+      }
+      if (found->key_objects.matches(flat.key_objects)) {
+        if (auto sig = signatures_.find(k)) return sig;  // unless evicted since the peek
+        if (hole == -2) hole = v;
+      }
     }
-    if (!found) {
-      if (hole == -2) hole = v;
-      continue;
+    if (hole == -2) hole = max_variant_ + 1;
+    const std::string key = variantKey(hole);
+    signatures_.find(key);  // counts the call (none there): Note [Eviction without thrashing]
+    const SignatureCache::Room room = signatures_.makeRoom([&](const Signature& victim) {
+      return TreeRegistry::evictFunction(
+          victim.device, victim.record.id,
+          "'" + victim.record.name + "' is the least recently used of " +
+              std::to_string(signatures_.size()) + " recorded signatures of '" + name_ +
+              "' (max_recorded_shapes=" + std::to_string(options_.max_recorded_shapes) + ")");
+    });
+    if (room == SignatureCache::Room::kThrashing) return nullptr;
+    auto sig = std::make_shared<Signature>();
+    sig->device = device;
+    FunctionRecord& r = sig->record;
+    r.id = next_function_id++;
+    r.mode = mode_;
+    r.counts_pending = counts_pending_;
+    r.callable_id = callable_id_;
+    r.eager_reason = eager_reason_;
+    // Note [Argument aliases]: every position of a tensor that is static somewhere is used in
+    // place; the key holds the aliases, so every call of this signature has the same ones.
+    r.aliases = flat.aliases;
+    r.is_static = flat.aliases.inPlace(flat.is_static);
+    r.options = &options_;
+    r.generators = flat.generators;
+    sig->key_objects.hold(flat.key_objects);
+    r.name = signatures_created_ == 0 ? name_ : name_ + "#" + std::to_string(signatures_created_);
+    const bool over_bound = room == SignatureCache::Room::kOverBound || attempt == kAttempts;
+    std::shared_ptr<Signature> kept = signatures_.insert(key, sig, over_bound);
+    if (kept == sig) {
+      signatures_created_++;
+      max_variant_ = std::max(max_variant_, hole);
+      return sig;
     }
-    if (found->key_objects.matches(flat.key_objects)) return signatures_.find(k);
+    // Another thread added a signature under this key, or filled the room, meanwhile.
+    if (kept && kept->key_objects.matches(flat.key_objects)) return kept;
   }
-  if (hole == -2) hole = max_variant_ + 1;
-  const std::string key = variantKey(hole);
-  signatures_.find(key);  // counts the call (none there): Note [Eviction without thrashing]
-  const bool room = signatures_.makeRoom([&](const Signature& victim) {
-    return TreeRegistry::evictFunction(
-        victim.device, victim.record.id,
-        "'" + victim.record.name + "' is the least recently used of " +
-            std::to_string(signatures_.size()) + " recorded signatures of '" + name_ +
-            "' (max_recorded_shapes=" + std::to_string(options_.max_recorded_shapes) + ")");
-  });
-  if (!room) return nullptr;
-  auto sig = std::make_shared<Signature>();
-  sig->device = device;
-  FunctionRecord& r = sig->record;
-  r.id = next_function_id++;
-  r.mode = mode_;
-  r.counts_pending = counts_pending_;
-  r.callable_id = callable_id_;
-  r.eager_reason = eager_reason_;
-  r.name = signatures_created_ == 0 ? name_ : name_ + "#" + std::to_string(signatures_created_);
-  signatures_created_++;
-  // Note [Argument aliases]: every position of a tensor that is static somewhere is used in
-  // place; the key holds the aliases, so every call of this signature has the same ones.
-  r.aliases = flat.aliases;
-  r.is_static = flat.aliases.inPlace(flat.is_static);
-  r.options = &options_;
-  r.generators = flat.generators;
-  sig->key_objects.hold(flat.key_objects);
-  signatures_.insert(key, sig);
-  max_variant_ = std::max(max_variant_, hole);
-  return sig;
 }
 
 py::object GraphedCallable::runFindingState(Signature& sig,
@@ -506,16 +520,19 @@ GraphedCallable::~GraphedCallable() {
 }
 
 void GraphedCallable::evictRecordings(const std::string& why) {
-  signatures_.forEach([&](const Signature& sig) {
-    TreeRegistry::evictFunction(sig.device, sig.record.id, "'" + sig.record.name + "' " + why,
+  // A snapshot: the evictions wait for tree locks (Note [Signatures and blocking calls]).
+  const std::vector<std::shared_ptr<Signature>> sigs = signatures_.snapshot();
+  for (const auto& sig : sigs) {
+    TreeRegistry::evictFunction(sig->device, sig->record.id, "'" + sig->record.name + "' " + why,
                                 /*later=*/true);
-  });
-  signatures_.clear();
+  }
+  signatures_.erase(sigs);
 }
 
 py::list GraphedCallable::signatures() const {
   py::list out;
-  signatures_.forEach([&](const Signature& sig) {
+  for (const auto& sig_holder : signatures_.snapshot()) {  // acquire() below may wait
+    const Signature& sig = *sig_holder;
     const FunctionRecord& r = sig.record;
     // Warmups and re-records are per tree: the calling thread's.
     const FunctionState* state = nullptr;
@@ -532,7 +549,7 @@ py::list GraphedCallable::signatures() const {
                              ? py::object(py::none())
                              : py::object(py::str(state->oom_reason));
     out.append(d);
-  });
+  }
   return out;
 }
 

@@ -1,12 +1,15 @@
 #include "SignatureCache.h"
 
 #include <algorithm>
+#include <iterator>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 namespace graphtrees {
 
 std::shared_ptr<Signature> SignatureCache::find(const std::string& key) {
+  std::lock_guard<std::mutex> guard(mutex_);
   ++use_counter_;
   auto it = signatures_.find(key);
   if (it == signatures_.end()) return nullptr;
@@ -14,9 +17,47 @@ std::shared_ptr<Signature> SignatureCache::find(const std::string& key) {
   return it->second;
 }
 
-void SignatureCache::insert(const std::string& key, std::shared_ptr<Signature> sig) {
+std::shared_ptr<Signature> SignatureCache::peek(const std::string& key) const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto it = signatures_.find(key);
+  return it == signatures_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Signature> SignatureCache::insert(const std::string& key,
+                                                  std::shared_ptr<Signature> sig, bool over_bound) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  if (auto it = signatures_.find(key); it != signatures_.end()) return it->second;
+  if (!over_bound && max_ > 0 && signatures_.size() >= static_cast<size_t>(max_)) return nullptr;
   sig->last_used = use_counter_;
-  signatures_.emplace(key, std::move(sig));
+  signatures_.emplace(key, sig);
+  return sig;
+}
+
+void SignatureCache::erase(const std::string& key, const Signature* sig) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto it = signatures_.find(key);
+  if (it != signatures_.end() && it->second.get() == sig) signatures_.erase(it);
+}
+
+void SignatureCache::erase(const std::vector<std::shared_ptr<Signature>>& sigs) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  for (auto it = signatures_.begin(); it != signatures_.end();) {
+    const bool listed = std::find(sigs.begin(), sigs.end(), it->second) != sigs.end();
+    it = listed ? signatures_.erase(it) : std::next(it);
+  }
+}
+
+std::vector<std::shared_ptr<Signature>> SignatureCache::snapshot() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  std::vector<std::shared_ptr<Signature>> out;
+  out.reserve(signatures_.size());
+  for (const auto& kv : signatures_) out.push_back(kv.second);
+  return out;
+}
+
+size_t SignatureCache::size() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return signatures_.size();
 }
 
 // Note [Eviction without thrashing]
@@ -29,25 +70,44 @@ void SignatureCache::insert(const std::string& key, std::shared_ptr<Signature> s
 // is how a workload that moved on to other shapes gets them recorded. An eviction of a recording
 // that did replay ends the streak. Backward graphs keep plain LRU: their signatures follow their
 // forwards', and a forward that runs eagerly must not leave its graphed backward waiting.
-bool SignatureCache::makeRoom(const std::function<bool(const Signature& victim)>& evict) {
-  if (max_ <= 0 || signatures_.size() < static_cast<size_t>(max_)) return true;
+SignatureCache::Room SignatureCache::makeRoom(
+    const std::function<bool(const Signature& victim)>& evict) {
   constexpr uint64_t kIdleFactor = 4;
-  std::vector<std::pair<uint64_t, std::string>> order;
-  for (const auto& kv : signatures_) order.emplace_back(kv.second->last_used, kv.first);
-  std::sort(order.begin(), order.end());
-  const bool thrashing = !plain_lru_ && wasted_evictions_ >= max_;
-  if (thrashing && !order.empty() &&
-      use_counter_ - order.front().first < kIdleFactor * static_cast<uint64_t>(max_)) {
-    return false;
+  struct Candidate {
+    uint64_t last_used;
+    std::string key;
+    std::shared_ptr<Signature> sig;
+  };
+  std::vector<Candidate> order;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (max_ <= 0 || signatures_.size() < static_cast<size_t>(max_)) return Room::kRoom;
+    for (const auto& kv : signatures_) order.push_back({kv.second->last_used, kv.first, kv.second});
+    std::sort(order.begin(), order.end(), [](const Candidate& a, const Candidate& b) {
+      return std::tie(a.last_used, a.key) < std::tie(b.last_used, b.key);
+    });
+    const bool thrashing = !plain_lru_ && wasted_evictions_ >= max_;
+    if (thrashing &&
+        use_counter_ - order.front().last_used < kIdleFactor * static_cast<uint64_t>(max_)) {
+      return Room::kThrashing;
+    }
   }
-  for (const auto& candidate : order) {
-    auto it = signatures_.find(candidate.second);
-    if (!evict(*it->second)) continue;
-    wasted_evictions_ = it->second->record.replays == 0 ? wasted_evictions_ + 1 : 0;
-    signatures_.erase(it);
-    return true;
+  // Note [Signatures and blocking calls]: `evict` runs with nothing of the cache held.
+  for (const Candidate& candidate : order) {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (signatures_.size() < static_cast<size_t>(max_)) return Room::kRoom;  // another thread
+      auto it = signatures_.find(candidate.key);
+      if (it == signatures_.end() || it->second != candidate.sig) continue;  // evicted meanwhile
+    }
+    if (!evict(*candidate.sig)) continue;
+    std::lock_guard<std::mutex> guard(mutex_);
+    wasted_evictions_ = candidate.sig->record.replays == 0 ? wasted_evictions_ + 1 : 0;
+    auto it = signatures_.find(candidate.key);
+    if (it != signatures_.end() && it->second == candidate.sig) signatures_.erase(it);
+    return Room::kRoom;
   }
-  return true;  // every one is on the current path: the bound is exceeded for now
+  return Room::kOverBound;  // every one is on a current path: the bound is exceeded for now
 }
 
 }  // namespace graphtrees

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -31,6 +32,17 @@ struct Signature {
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> verify_state;
 };
 
+// Note [Signatures and blocking calls]
+// A wrapper's signatures are shared by every thread that calls it, and the calls that evict a
+// signature's recordings (TreeRegistry::evictFunction) wait for other threads' tree locks with
+// the GIL released: another thread calling the same wrapper runs in the middle of them. So
+// nothing here is held across a call out -- no iterator, no reference into the map, no lock: a
+// signature is handed out as a shared_ptr (a call in flight keeps its own even if it is evicted),
+// makeRoom picks a victim, lets go of the map while `evict` runs, and erases the victim only if
+// the key still names that same signature; insert() keeps the signature another thread put under
+// the key first, and refuses past the bound (the caller makes room again). The mutex guards the
+// map and the counters for the short sections between: no Python runs under it and nothing waits
+// in it, so it never waits for the GIL's holder (Note [Locks and the GIL] in TreeLock.h).
 class SignatureCache {
  public:
   // `max_recorded_shapes` > 0 bounds the signatures; `plain_lru`: evict without the thrashing
@@ -42,29 +54,36 @@ class SignatureCache {
   // flight keeps its signature even if another thread evicts it.
   std::shared_ptr<Signature> find(const std::string& key);
   // The signature of `key`, or nullptr, without counting a use.
-  std::shared_ptr<Signature> peek(const std::string& key) const {
-    auto it = signatures_.find(key);
-    return it == signatures_.end() ? nullptr : it->second;
-  }
-  // Whether a new signature may be added: true when there is room, or when the least recently
-  // used one could be evicted through `evict` (which removes its recordings from their tree and
-  // returns false while one is on the current path; the next candidate is tried). False when the
-  // callable thrashes and the recorded signatures are kept.
-  bool makeRoom(const std::function<bool(const Signature& victim)>& evict);
-  void insert(const std::string& key, std::shared_ptr<Signature> sig);
-  void erase(const std::string& key) { signatures_.erase(key); }
-  void clear() { signatures_.clear(); }
+  std::shared_ptr<Signature> peek(const std::string& key) const;
 
-  size_t size() const { return signatures_.size(); }
+  enum class Room {
+    kRoom,       // below the bound (or none): insert
+    kOverBound,  // every signature is on a current path and stays: insert past the bound for now
+    kThrashing,  // Note [Eviction without thrashing]: keep the recorded ones, run the new eagerly
+  };
+  // Makes room for a new signature: when at the bound, evicts the least recently used one through
+  // `evict` (which removes its recordings from their trees, may block, and returns false while one
+  // is on a current path: the next candidate is tried). Called with nothing of the cache held.
+  Room makeRoom(const std::function<bool(const Signature& victim)>& evict);
+  // Adds `sig` under `key` and returns it; or returns the signature another thread added under
+  // `key` first; or nullptr when the cache is at its bound again and `over_bound` is false (make
+  // room again).
+  std::shared_ptr<Signature> insert(const std::string& key, std::shared_ptr<Signature> sig,
+                                    bool over_bound);
+  // Erases `key` if it still names `sig` (another thread may have evicted it and reused the key).
+  void erase(const std::string& key, const Signature* sig);
+  // Erases every signature of `sigs` still in the cache (those added since stay).
+  void erase(const std::vector<std::shared_ptr<Signature>>& sigs);
+  // The signatures now, for a walk that may block or run Python.
+  std::vector<std::shared_ptr<Signature>> snapshot() const;
+
+  size_t size() const;
   int maxRecordedShapes() const { return max_; }
-  template <typename F>
-  void forEach(F&& f) const {
-    for (const auto& kv : signatures_) f(*kv.second);
-  }
 
  private:
-  int max_;
-  bool plain_lru_;
+  const int max_;
+  const bool plain_lru_;
+  mutable std::mutex mutex_;  // guards everything below
   uint64_t use_counter_ = 0;  // calls (one tick each)
   // Evictions in a row that threw away a recording that never replayed.
   int wasted_evictions_ = 0;

@@ -7,8 +7,11 @@
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 namespace graphtrees {
 
@@ -77,6 +80,31 @@ int64_t threadId() {
   return thisThread().id;
 }
 
+namespace {
+
+// Note [The thread stash outlives its thread]
+// The stash lives in torch's thread-local Python objects, which a thread destroys when it ends --
+// after Python has let go of the thread, so that dropping the last reference there takes the GIL
+// from a thread Python no longer knows. While the interpreter finalizes (a program whose worker
+// threads end as the main thread exits), taking the GIL ends such a thread with a forced unwind
+// through a noexcept destructor: std::terminate, the process aborted after its work was done.
+// So every stash has a second owner here, and a thread's end never drops the last reference:
+// stashes that only this keeper still holds are dropped when a thread stashes its own, with the
+// GIL held; those left at exit stay (the keeper is never destroyed).
+void keepStash(std::shared_ptr<c10::SafePyObject> stash) {
+  static auto* mutex = new std::mutex();
+  static auto* kept = new std::vector<std::shared_ptr<c10::SafePyObject>>();
+  std::vector<std::shared_ptr<c10::SafePyObject>> dropped;  // dropped outside the mutex
+  std::lock_guard<std::mutex> lock(*mutex);
+  for (auto& s : *kept) {
+    if (s.use_count() == 1) dropped.push_back(std::move(s));
+  }
+  kept->erase(std::remove(kept->begin(), kept->end(), nullptr), kept->end());
+  kept->push_back(std::move(stash));
+}
+
+}  // namespace
+
 CallerThread callerThread() {
   static const std::string kKey = "graphtrees.thread";
   ThreadIdentity& me = thisThread();
@@ -94,8 +122,9 @@ CallerThread callerThread() {
   // This thread's own: stashed, so that the threads that work for it count as it.
   PyObject* id = PyLong_FromLongLong(me.id);
   if (id != nullptr) {
-    at::impl::ThreadLocalPythonObjects::set(
-        kKey, std::make_shared<c10::SafePyObject>(id, ::getPyInterpreter()));
+    auto stash = std::make_shared<c10::SafePyObject>(id, ::getPyInterpreter());
+    keepStash(stash);
+    at::impl::ThreadLocalPythonObjects::set(kKey, std::move(stash));
   }
   return {me.id, me.steps};
 }

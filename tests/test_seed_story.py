@@ -129,3 +129,42 @@ def test_seed_story_with_copies_moves_real_values(device):
     assert reserved[g3] == reserved[g2], reserved
     graphtrees.reset()
     assert info(device)["pool"]["reserved_bytes"] == 0
+
+
+def test_eight_sibling_branches_switched_at_random_match_eager(device):
+    """The seed story widened: one trunk, eight sibling heads (each allocating its own amount), the
+    branch chosen at random for 1,000 steps, each step's input new. Every step compares the head's
+    result and the trunk's live output with eager: a checkpoint that freed a live block, an input
+    copy that missed, or a placeholder at the wrong address gives a wrong value here (on the CUDA
+    stand-in too, whose value mode computes what each kernel would)."""
+    torch.manual_seed(0)
+    d, k, steps = 32, 8, 1000
+    trunk = torch.nn.Linear(d, d).to(device)
+    scales = [torch.randn(d * (i + 1), device=device) for i in range(k)]
+
+    def head(i):
+        def f(h):
+            wide = h.repeat(1, i + 1) * scales[i]  # i + 1 times the trunk's width
+            return wide.tanh().view(h.shape[0], i + 1, d).sum(1) + i
+
+        return f
+
+    heads = [head(i) for i in range(k)]
+    g1 = cudagraphify(trunk)
+    gs = [cudagraphify(f) for f in heads]
+    rng = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for step in range(steps):
+            i = int(torch.randint(k, (1,), generator=rng))
+            x = torch.randn(4, d, generator=rng).to(device)
+            mark_step_begin()
+            h = g1(x)
+            y = gs[i](h)
+            h_ref = trunk(x)
+            assert_close(y, heads[i](h_ref), msg=lambda m, s=step, b=i: f"step {s}, head {b}: {m}")
+            assert_close(h, h_ref, msg=lambda m, s=step, b=i: f"step {s}, trunk after {b}: {m}")
+            del h, y
+        t = info(device)
+    assert t["num_nodes"] == 1 + k and t["num_roots"] == 1
+    assert t["num_replays"] >= 2 * steps - 4 * (k + 1)  # all but the warmups and recordings
+    assert_invariants(device)
