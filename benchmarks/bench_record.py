@@ -5,7 +5,8 @@
 A small function (three ops) is wrapped once per node, so that each node is a fresh
 warmup + recording; only the recording call is timed (its median and mean are printed, in us).
 With `--device cuda` on the CUDA stand-in (tests/cuda_standin) this is a stand-in figure, not
-a GPU one: kernels are not executed, so it measures graphtrees' and torch's host work.
+a GPU one: kernels are not executed (it runs without the stand-in's value mode), so it measures
+graphtrees' and torch's host work.
 The `graphtrees` logger is left at its default level (nothing below WARNING is emitted), which
 is what a recording costs when nobody reads its log message.
 """
@@ -15,11 +16,13 @@ import statistics
 import time
 
 import torch
+from bench_standin import host_cost_only
 
 import graphtrees
 
 
 def main():
+    host_cost_only()
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu")
     p.add_argument("--nodes", type=int, default=200)

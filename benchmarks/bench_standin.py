@@ -1,7 +1,8 @@
 """Host-side cost of graphtrees against PyTorch's own trees, on the CUDA stand-in.
 
-CUDA stand-in: host-side cost, kernels not executed. Kernels are no-ops there, so a call's time is
-its bookkeeping: Python, dynamo's guards, AOTAutograd's wrappers, the tree managers, the copies of
+CUDA stand-in: host-side cost, kernels not executed. Kernels are no-ops there (the benchmark runs
+without the stand-in's value mode: it starts itself again with CUDA_STANDIN_VALUES=0), so a call's
+time is its bookkeeping: Python, dynamo's guards, AOTAutograd's wrappers, the tree managers, the copies of
 inputs and the graph launch. Everything runs in one process, interleaved over rounds, and the
 minimum per variant is reported (measure on a quiet machine).
 
@@ -385,7 +386,17 @@ def markdown(res):
     return "\n".join(lines + [""])
 
 
+def host_cost_only():
+    """Starts this process again without the stand-in's value mode, if it is on: the engine
+    computes every op's values on the host, several microseconds an op, which is not the cost
+    of graphtrees or of torch (tests/cuda_standin/README.md, "The value mode")."""
+    if current() is not None and os.environ.get("CUDA_STANDIN_VALUES") != "0":
+        env = dict(os.environ, CUDA_STANDIN_VALUES="0")
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
 def main():
+    host_cost_only()
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--iters", type=int, default=2000)

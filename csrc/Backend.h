@@ -150,6 +150,17 @@ class Backend {
   // throws.
   virtual void beginAllocateToPool() = 0;
   virtual void endAllocateToPool() = 0;
+  // Runs the user's code of a warmup, between the two: a backend whose routing holds a lock that
+  // other threads need lends it out meanwhile (CUDA: Note [Locks around user code] in
+  // cuda/DeviceLock.h).
+  virtual std::vector<at::Tensor> runRouted(const RunFn& run, const std::vector<at::Tensor>& ins);
+  // Why the calling thread must not wait for the device now (empty if it may): another thread's
+  // capture on this backend's device is running the user's code, which may be waiting for this
+  // thread. Asked without waiting.
+  virtual std::string capturingElsewhere() const { return std::string(); }
+  // The same, after waiting a while for such a capture's user code to return: a call that would
+  // warm up or record runs eagerly, with this reason, if it is not empty.
+  virtual std::string awaitCapturesElsewhere() { return std::string(); }
 
   // Runs `run(inputs)` once while recording into the pool; `outputs` receives its result (real,
   // owning tensors that hold the recorded values). Throws what `run` throws, after undoing the

@@ -1,7 +1,10 @@
 #include "Logging.h"
 
 #include <atomic>
+#include <exception>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace graphtrees {
 
@@ -16,7 +19,37 @@ LogSink& sink() {
 }
 std::atomic<int> g_threshold{0};
 std::atomic<int64_t> g_built{0};
+
+// Note [Logs outside the locks]: the locks the thread holds, and the lines held back meanwhile.
+thread_local int t_locks_held = 0;
+thread_local std::vector<std::pair<LogLevel, std::string>> t_held_lines;
+
+void emit(LogLevel level, const std::string& message) {
+  LogSink s;
+  {
+    std::lock_guard<std::mutex> lock(sinkMutex());
+    s = sink();
+  }
+  if (s) s(level, message);
+}
 }  // namespace
+
+void holdLogs() {
+  t_locks_held++;
+}
+
+void releaseLogs() {
+  if (t_locks_held > 0) t_locks_held--;
+  if (t_locks_held > 0 || t_held_lines.empty()) return;
+  std::vector<std::pair<LogLevel, std::string>> lines;
+  lines.swap(t_held_lines);
+  for (const auto& [level, message] : lines) {
+    try {  // called where a lock is let go of, destructors included: nothing may escape
+      if (logEnabled(level)) emit(level, message);
+    } catch (const std::exception&) {
+    }
+  }
+}
 
 void setLogThreshold(int level) {
   g_threshold.store(level, std::memory_order_relaxed);
@@ -38,12 +71,11 @@ int64_t messagesBuilt() {
 void logMessage(LogLevel level, const std::string& message) {
   g_built.fetch_add(1, std::memory_order_relaxed);
   if (!logEnabled(level)) return;  // the threshold rose while the message was built
-  LogSink s;
-  {
-    std::lock_guard<std::mutex> lock(sinkMutex());
-    s = sink();
+  if (t_locks_held > 0) {
+    t_held_lines.emplace_back(level, message);
+    return;
   }
-  if (s) s(level, message);
+  emit(level, message);
 }
 
 }  // namespace graphtrees

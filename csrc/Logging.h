@@ -15,6 +15,15 @@
 // came from (the build and the import check, setup.py and graphtrees/_ext.py); this keeps text
 // nobody reads off the hot path. messagesBuilt() counts the messages built, for the tests.
 
+// Note [Logs outside the locks]
+// A log line reaches the user's handlers (Python's logging), which may do anything: wait for
+// another thread, call graphtrees. A thread that holds one of the locks around a tree (a tree
+// lock, a device lock: Note [Locks around user code] in cuda/DeviceLock.h) does not emit: its
+// lines wait in a queue of the thread's own and are emitted, in order, once it holds none of them
+// (it lets go of the last, or lends it out around the user's code) -- as the registry emits its
+// lines outside its mutex (TreeRegistry.cpp). The locks count themselves with holdLogs() and
+// releaseLogs(), once per lock the thread comes to hold and lets go of.
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -32,6 +41,10 @@ void setLogThreshold(int level);
 bool logEnabled(LogLevel level);
 // Emits `message` (already built): call it through GRAPHTREES_LOG, never directly.
 void logMessage(LogLevel level, const std::string& message);
+// The calling thread comes to hold / lets go of a lock around a tree (Note [Logs outside the
+// locks]); the last releaseLogs() emits the lines held back.
+void holdLogs();
+void releaseLogs();
 // How many messages GRAPHTREES_LOG has built since the process started.
 int64_t messagesBuilt();
 

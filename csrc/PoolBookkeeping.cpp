@@ -93,10 +93,15 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
   }
   live_.pruneGone();
   if (!live_.unownedBlocks().empty()) {
-    collectGarbage();  // dead cycles may hold pool tensors
+    const bool collected = collectGarbage();  // dead cycles may hold pool tensors
     live_.pruneGone();
     waitForUnownedBlocks();
     const auto extra = live_.unownedBlocks().size();
+    TORCH_CHECK(extra == 0 || collected, "graphtrees: ", extra,
+                " tensor(s) allocated in graphtrees' pool by a warmup or recording are still alive "
+                "and were never returned by the graphed function; garbage cycles may hold them, "
+                "but no garbage is collected while another thread captures a graph. Call the "
+                "function again once that capture has ended.");
     if (extra > 0) {
       TORCH_CHECK(false, "graphtrees: ", extra,
                   " tensor(s) allocated in graphtrees' pool by a warmup or recording are still "

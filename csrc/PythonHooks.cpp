@@ -8,15 +8,16 @@ namespace graphtrees {
     static auto* hook = new Hook<sig>(); \
     return *hook;                        \
   }
-GRAPHTREES_HOOK(collectGarbageHook, void())
+GRAPHTREES_HOOK(collectGarbageHook, bool())
 GRAPHTREES_HOOK(findStoragesHook, FindStoragesFn)
 GRAPHTREES_HOOK(blockingWaitHook, BlockingWaitFn)
 GRAPHTREES_HOOK(captureScopeHook, CaptureScopeFn)
-GRAPHTREES_HOOK(interruptCheckHook, InterruptCheckFn)
+GRAPHTREES_HOOK(propagatesHook, PropagatesFn)
 #undef GRAPHTREES_HOOK
 
-void collectGarbage() {
-  if (auto f = collectGarbageHook().get()) (*f)();
+bool collectGarbage() {
+  auto f = collectGarbageHook().get();
+  return f ? (*f)() : false;
 }
 
 std::vector<c10::Storage> findStorages(const std::vector<void*>& blocks) {
@@ -32,8 +33,8 @@ void runBlocking(const std::function<void()>& wait) {
   }
 }
 
-bool isInterrupt(const std::exception& error) {
-  auto f = interruptCheckHook().get();
+bool propagatesAsIs(const std::exception& error) {
+  auto f = propagatesHook().get();
   return f && (*f)(error);
 }
 

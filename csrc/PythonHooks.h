@@ -3,7 +3,8 @@
 // The few things C++ asks of the Python layer, each through one hook that graphtrees/_hooks.py
 // installs at import (through the bindings) and clears at exit: collecting garbage, finding the
 // tensors over pool blocks, waiting with the GIL released, entering the capture scope, telling an
-// interruption from an error. Below the tree manager and the backends; knows nothing of Python.
+// error that must propagate (an interruption, the user's own error) from a rejected capture. Below
+// the tree manager and the backends; knows nothing of Python.
 //
 // Every hook follows one rule (Hook<Sig>): it is read under its own lock into a shared copy and
 // called with no lock held, so a hook may block, call back into graphtrees, or be replaced while
@@ -40,9 +41,12 @@ class Hook {
 };
 
 // Collects garbage cycles (Python's gc) when untracked pool allocations block a restore. Called
-// without any tree lock held; does nothing until installed.
-Hook<void()>& collectGarbageHook();
-void collectGarbage();
+// by the restoring thread, which holds its tree's lock: the collection runs finalizers under it.
+// Returns whether it collected: it does not while any thread captures a graph (a finalizer could
+// free that capture's tensors, Note [Freeing during a capture] in ThreadState.h), nor until
+// installed.
+Hook<bool()>& collectGarbageHook();
+bool collectGarbage();
 
 // Finds the storages of live tensors whose data starts at one of `blocks` (Python's gc knows every
 // tensor object); used to move state a warmup created and kept out of the pool. Returns nothing
@@ -62,10 +66,13 @@ void runBlocking(const std::function<void()>& wait);
 using CaptureScopeFn = std::function<void()>();
 Hook<CaptureScopeFn>& captureScopeHook();
 
-// Whether `error` is an interruption that must propagate as it is (Python's KeyboardInterrupt or
-// SystemExit), never be taken for a rejected capture. False until installed.
-using InterruptCheckFn = bool(const std::exception&);
-Hook<InterruptCheckFn>& interruptCheckHook();
-bool isInterrupt(const std::exception& error);
+// Whether `error`, raised while a function was being recorded, must propagate as it is rather
+// than be taken for a rejected capture (Note [Errors during a capture] in TreeManager.h): an
+// interruption (Python's KeyboardInterrupt or SystemExit) or the user's own error, a Python
+// exception that is not a RuntimeError -- torch refuses what a capture cannot record with
+// RuntimeErrors. False until installed.
+using PropagatesFn = bool(const std::exception&);
+Hook<PropagatesFn>& propagatesHook();
+bool propagatesAsIs(const std::exception& error);
 
 }  // namespace graphtrees

@@ -1,5 +1,7 @@
 #include "TreeInfo.h"
 
+#include "TreeManager.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -42,6 +44,30 @@ void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& p
     out->push_back(std::move(ni));
     return true;
   });
+}
+
+// A tree describes itself here, beside what it describes itself with.
+TreeInfo TreeManager::snapshot() {
+  // Another thread's call in flight may be paused in the middle of the tree's bookkeeping (a wait
+  // for the device lock lends the tree lock out): read, change nothing.
+  if (!lock_.callInFlightElsewhere()) live_.pruneGone();
+  TreeInfo t;
+  t.device = backend_->device().str();
+  t.thread = owner_;
+  t.backend = backend_->name();
+  static const char* const kStates[] = {"none", "warmup", "recording", "execution"};
+  t.state = kStates[static_cast<int>(state_)];
+  t.generation = policy_.generation();
+  t.counters = counters_;
+  t.num_roots = static_cast<int64_t>(root_.ownedChildren().size());
+  t.memory_budget = budget_;
+  t.pending_backward = policy_.pendingBackward();
+  t.live_outputs = static_cast<int64_t>(live_.size());
+  t.current_node = current_ ? current_->id() : -1;
+  t.pool = backend_->stats();
+  std::vector<const TreeNode*> on_path(path_.begin(), path_.end());
+  appendNodeInfos(root_, on_path, live_.liveCountPerNode(), &t.nodes);
+  return t;
 }
 
 std::string toDot(const TreeInfo& t) {

@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -38,6 +39,41 @@ namespace graphtrees {
 // The owner thread's own nested graphed calls run eagerly without touching the tree
 // (inTreeCall()); introspection from inside the user's code (tree_info(), signatures()) takes
 // the lent lock like any other thread and reads a tree in the middle of a call.
+//
+// Note [Locks and the GIL]
+// Every lock graphtrees takes, and the order they nest in (outermost first):
+// * the GIL. Released before any wait below that can be long (runBlocking): a tree lock, a device
+//   lock, the capture gate. A thread never waits for the GIL while it holds a short mutex.
+// * the device lock (cuda/DeviceLock.h): one allocation phase per device. A thread that must
+//   wait for it lends its tree lock out first (lendWhileWaiting), so no thread ever waits for the
+//   device lock while holding a tree lock; a thread holding the device lock may wait for a tree
+//   lock (a capture whose user code returned takes its own back). Lent around a warmup's user
+//   code (not when the tree has a memory budget); a capture cannot lend it and marks the device
+//   instead, and the calls that would need it meanwhile wait only a while, then run eagerly
+//   (Note [Locks around user code] there).
+// * the capture gate (torch 2.11 only, Note [Random numbers while a graph is captured]): taken
+//   exclusively inside the device lock by a capture, shared by a replay and by a warmup's run of
+//   the user's code, which hold no other lock of graphtrees then.
+// * the tree lock (this file): recursive, held by a call for its length, lent around every run of
+//   the user's code (Note [User code outside the tree lock]), and while its call waits for the
+//   device lock -- which can happen in the middle of the tree's bookkeeping (a restore, a node's
+//   removal), so what another thread does with a lent lock only reads (tree_info() prunes
+//   nothing then) or waits, and a node is destroyed only once it is out of its parent's vector.
+// * short mutexes, the leaves: the registry's (TreeRegistry.cpp), a wrapper's signature cache
+//   (Note [Signatures and blocking calls] in SignatureCache.h), the hooks' (PythonHooks.h), the
+//   log queue's, the CPU pool's (cpu/). Nothing waits for another lock or runs Python under them,
+//   and log lines are emitted outside every lock (Note [Logs outside the locks] in Logging.h).
+// Python's own locks sit above all of these: the collector's pause (_scope_lock in _hooks.py) is
+// never held into a graphed call.
+// What the GIL alone guards: a wrapper's Python-facing state (GraphedCallable: its options, its
+// result structures, its verify state) and the FunctionRecord fields that every thread's tree
+// writes (eager_reason, replays: H9 of design review 6), and graphtrees' Python objects (argument
+// specs, key objects, the thread stash). On today's CPython those writes never interleave,
+// because each happens with the GIL held and no call out between its read and its write. A
+// free-threaded Python (3.13t) would race there: the extension does not declare itself safe
+// without the GIL (no py::mod_gil_not_used()), so such a Python turns the GIL back on when it
+// imports graphtrees, until those fields get a lock of their own (docs/limitations.md).
+
 class TreeLock {
  public:
   TreeLock() = default;
@@ -56,6 +92,11 @@ class TreeLock {
     return callInFlight() && call_thread_ != std::this_thread::get_id();
   }
 
+  // Runs `wait` (a wait for another lock: the device's) with the lock of the calling thread's call
+  // in flight lent out, if the thread holds it, so that no thread waits for the device lock while
+  // it holds a tree lock (Note [Locks around user code] in cuda/DeviceLock.h).
+  static void lendWhileWaiting(const std::function<void()>& wait);
+
   // Marks the call of the calling thread, which holds the lock, in flight for its lifetime.
   class Call {
    public:
@@ -66,6 +107,7 @@ class TreeLock {
 
    private:
     TreeLock& lock_;
+    TreeLock* outer_;  // the thread's call in flight before this one (none expected)
   };
 
   // Lends the lock out while the call in flight runs the user's code: every level the calling

@@ -161,9 +161,13 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
   const bool out_of_memory =  // it tries again once an eviction may have made room
       (st.oom_at_evictions >= 0 && st.oom_at_evictions == counters_.num_evictions) ||
       (st.oom_at_budget >= 0 && st.oom_at_budget == budget_epoch_);
-  const std::string eager = out_of_memory ? st.oom_reason : CaptureObserver::blindReason();
+  std::string eager = out_of_memory ? st.oom_reason : CaptureObserver::blindReason();
+  const auto runsEagerly = [&] {  // asked only of a warmup or a recording, which need the device
+    if (eager.empty()) eager = backend_->awaitCapturesElsewhere();  // Note [Locks around user code]
+    return !eager.empty();
+  };
   if (state_ == PathState::kWarmup || st.warmups < fn.options->warmup_iters) {
-    if (!eager.empty()) return runEager(fn, inputs, run, eager);
+    if (runsEagerly()) return runEager(fn, inputs, run, eager);
     return warmup(fn, allocationInputs(fn, inputs), run);
   }
   std::string mismatch;
@@ -176,7 +180,7 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
     node = findChild(fn, key, &mismatch);
   }
   if (node != nullptr) return replay(*node, fn, inputs, run);
-  if (!eager.empty()) return runEager(fn, inputs, run, eager);
+  if (runsEagerly()) return runEager(fn, inputs, run, eager);
 
   TreeNode* parent = current_ != nullptr ? current_ : &root_;
   // A recording that replaces one that could never replay again is not churn.
@@ -287,7 +291,7 @@ int64_t TreeManager::evictForMemory(const std::vector<at::Tensor>& inputs, std::
 }
 
 bool TreeManager::evictFunction(int64_t function_id, const std::string& why, bool later) {
-  if (lock_.callInFlight()) {  // Note [User code outside the tree lock] in TreeLock.h
+  if (lock_.callInFlight() || deviceCapturingElsewhere()) {  // TreeLock.h, DeviceLock.h Notes
     pending_evictions_.emplace_back(function_id, why);
     return true;
   }
@@ -350,7 +354,7 @@ CallResult TreeManager::warmup(FunctionRecord& fn, const std::vector<at::Tensor>
     DrawnGenerators drawn(backend_->device().type(), &stateOf(fn).drawn_generators);
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
     PoolRoutingGuard routing(*backend_);
-    outs = run(ins);
+    outs = backend_->runRouted(run, ins);
     routing.end();
     // On the caller's tensors: one that can be written back is mutated as eagerly (WriteBack.h).
     WriteBack::decide(mutations, ins, unmanaged, fn.aliases, /*ran=*/nullptr, &refused);
@@ -457,7 +461,7 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     return false;
   } catch (const std::exception& e) {
     // Note [Errors during a capture] in TreeManager.h.
-    if (isInterrupt(e) || !fn.eager_reason.empty()) throw;
+    if (propagatesAsIs(e) || !fn.eager_reason.empty()) throw;
     const std::string why = e.what();
     mutations.reset();
     *rec = Recording();
@@ -573,27 +577,6 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
   counters_.num_replays++;
   policy_.noteRun(fn);
   return {node.buildOutputs(storages, targets), RunKind::kReplay, node.sharedGraph()};
-}
-
-TreeInfo TreeManager::snapshot() {
-  live_.pruneGone();
-  TreeInfo t;
-  t.device = backend_->device().str();
-  t.thread = owner_;
-  t.backend = backend_->name();
-  static const char* const kStates[] = {"none", "warmup", "recording", "execution"};
-  t.state = kStates[static_cast<int>(state_)];
-  t.generation = policy_.generation();
-  t.counters = counters_;
-  t.num_roots = static_cast<int64_t>(root_.ownedChildren().size());
-  t.memory_budget = budget_;
-  t.pending_backward = policy_.pendingBackward();
-  t.live_outputs = static_cast<int64_t>(live_.size());
-  t.current_node = current_ ? current_->id() : -1;
-  t.pool = backend_->stats();
-  std::vector<const TreeNode*> on_path(path_.begin(), path_.end());
-  appendNodeInfos(root_, on_path, live_.liveCountPerNode(), &t.nodes);
-  return t;
 }
 
 }  // namespace graphtrees

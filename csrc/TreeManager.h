@@ -106,6 +106,9 @@ class TreeManager {
   // True iff idle() and the tree holds no recording: freeing it loses nothing but its counters.
   bool empty() { return counters_.num_nodes == 0 && idle(); }
   std::string backendName() const { return backend_->name(); }
+  // Whether another thread's capture on the tree's device runs user code: what needs the device's
+  // lock waits (Note [Locks around user code] in cuda/DeviceLock.h).
+  bool deviceCapturingElsewhere() const { return !backend_->capturingElsewhere().empty(); }
   // Note [Memory budget] in Backend.h; -1: none. Applied when the call in flight ends, if any
   // (Note [User code outside the tree lock] in TreeLock.h).
   void setMemoryBudget(int64_t bytes) {
@@ -176,8 +179,11 @@ class TreeManager {
   // torch.cuda.is_current_stream_capturing() says True. Either way it is a rejected capture:
   // the function runs eagerly from now on, with the reason logged once. Only if the eager run
   // fails too is the error the user's own; then it propagates and the function is not marked
-  // eager. A keyboard interrupt, or an error that the run itself turned into an eager reason,
-  // propagates as it is.
+  // eager. torch refuses with RuntimeErrors: an error of another type (a ValueError, a
+  // KeyError) is the user's own at once, and so are a keyboard interrupt and an error that the
+  // run itself turned into an eager reason (propagatesAsIs() in PythonHooks.h): it propagates as
+  // it is, the function is not run a second time (its side effects would happen twice) nor
+  // marked eager, and its next call records it again.
   // A recording is three steps; the first two return false with the call's result in
   // `*fallback` when the function runs eagerly instead.
   CallResult record(FunctionRecord& fn, const std::vector<at::Tensor>& ins, const RunFn& run,

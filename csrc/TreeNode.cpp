@@ -156,10 +156,14 @@ void TreeNode::removeChild(TreeNode* child) {
     v.erase(std::remove(v.begin(), v.end(), child), v.end());
     if (v.empty()) children_.erase(it);
   }
-  owned_.erase(
-      std::remove_if(owned_.begin(), owned_.end(),
-                     [child](const std::unique_ptr<TreeNode>& p) { return p.get() == child; }),
-      owned_.end());
+  // The child is destroyed once the vector is whole again: destroying its graph may wait for the
+  // device lock and lend the tree lock out meanwhile (Note [Locks and the GIL] in TreeLock.h), and
+  // another thread's tree_info() then walks these children.
+  std::unique_ptr<TreeNode> doomed;
+  for (auto& p : owned_) {
+    if (p.get() == child) doomed = std::move(p);
+  }
+  owned_.erase(std::remove(owned_.begin(), owned_.end(), nullptr), owned_.end());
 }
 
 std::string TreeNode::whyKeyDiffers(const std::vector<InputKind>& kinds,

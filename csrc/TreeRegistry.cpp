@@ -61,7 +61,8 @@ void sweepOrphans() {
   }
   std::vector<std::shared_ptr<TreeManager>> keep;
   for (auto& tree : orphans) {
-    if (!tree->idle() || tree.use_count() != 1) {
+    // A capture running user code holds the device lock that freeing the pool takes.
+    if (!tree->idle() || tree.use_count() != 1 || tree->deviceCapturingElsewhere()) {
       keep.push_back(std::move(tree));
       continue;
     }

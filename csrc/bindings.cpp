@@ -131,9 +131,10 @@ void installHook(Hook<Sig>& hook, py::object fn, Adapt adapt) {
 
 void setCollectGarbageHookFromPython(py::object fn) {
   installHook(collectGarbageHook(), std::move(fn), [](std::shared_ptr<py::object> holder) {
-    return [holder] {
+    return [holder]() -> bool {
       py::gil_scoped_acquire gil;
-      (*holder)();
+      const py::object collected = (*holder)();
+      return collected.is_none() || collected.cast<bool>();
     };
   });
 }
@@ -181,11 +182,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       wait();
     }
   });
-  interruptCheckHook().set([](const std::exception& error) {
+  propagatesHook().set([](const std::exception& error) {
     const auto* e = dynamic_cast<const py::error_already_set*>(&error);
     if (e == nullptr) return false;
     py::gil_scoped_acquire gil;
-    return e->matches(PyExc_KeyboardInterrupt) || e->matches(PyExc_SystemExit);
+    return !e->matches(PyExc_RuntimeError);  // KeyboardInterrupt, SystemExit, the user's own
   });
 
   py::enum_<FunctionMode>(m, "FunctionMode",

@@ -57,7 +57,8 @@ class _Progress:
 def capture(wrapped, *args, progress=True, **kwargs):
     """Records every bucket of ``wrapped`` ahead of time, largest first (so that the smaller ones
     reuse its memory), from example arguments of any batch size. Python's garbage collector is
-    frozen meanwhile. Returns one dict per bucket: size, seconds, pool_bytes_after and status
+    frozen meanwhile (``gc.freeze()``), unless the application froze objects already: those stay
+    frozen after it. Returns one dict per bucket: size, seconds, pool_bytes_after and status
     ("recorded", or "eager" with a reason)."""
     import gc
     import time
@@ -76,7 +77,11 @@ def capture(wrapped, *args, progress=True, **kwargs):
     reports = []
     bar = _Progress(len(buckets), progress)
     gc.collect()
-    gc.freeze()
+    # gc.unfreeze() thaws every frozen object: objects the application froze (a server's gc.freeze()
+    # before fork) would be thawed with ours. So it freezes only when nothing was frozen before.
+    freezing = gc.get_freeze_count() == 0
+    if freezing:
+        gc.freeze()
     started = time.perf_counter()
     try:
         for size in buckets:
@@ -108,6 +113,7 @@ def capture(wrapped, *args, progress=True, **kwargs):
                 f"pool {report['pool_bytes_after'] / 2**20:.1f} MiB"
             )
     finally:
-        gc.unfreeze()
+        if freezing:
+            gc.unfreeze()
         bar.close()
     return reports

@@ -8,9 +8,12 @@ the compiled core has loaded; ``install`` takes that module):
 * ``torch.compiler.cudagraph_mark_step_begin()`` (and ``torch._inductor.cudagraph_trees.
   mark_step_begin`` where that module is loaded) also marks a graphtrees step.
 * While a graph is being recorded on some thread, ``torch.Tensor.tolist`` is wrapped (a host read
-  that ATen does not dispatch is watched), Python's garbage collector is paused on the recording
-  thread and a profile function (``sys.setprofile``) watches that thread for calls that set a
-  generator's state; all are undone when the recording ends.
+  that ATen does not dispatch is watched), Python's garbage collector's automatic collections are
+  paused for the whole process (the collector is process-wide: its first threshold is 0 until the
+  last recording of all threads ends; ``gc.isenabled()`` and the user's ``gc.enable()`` and
+  ``gc.disable()`` are left alone) and a profile function (``sys.setprofile``) watches the
+  recording thread for calls that set a generator's state; all are undone when the recording
+  ends.
 * Three ``torch.nn.Module`` registration hooks (parameters, buffers, submodules) count the
   registrations, so that wrapped modules re-read their tensors only when some module changed.
   They are plain Python: code that ``torch.compile`` traces (an HF model that slices a
@@ -62,16 +65,25 @@ def _follow_logging_levels() -> None:
     _push_log_threshold()
 
 
-def _collect_garbage() -> None:
+def _collect_garbage() -> bool:
+    """Called by a restore that found pool blocks no live output owns (dead cycles may hold
+    them), on the restoring thread, which holds its tree's lock. While any thread captures it does
+    nothing: a collection would run finalizers that may free the tensors of that capture
+    (Note [Freeing during a capture] in csrc/ThreadState.h), past the collector pause the capture
+    relies on (Note [One pause of the collector for all threads])."""
     import gc
 
+    with _scope_lock:
+        if _active_scopes > 0:
+            return False
     gc.collect()
+    return True
 
 
 _capture_tls = threading.local()
 _original_tolist = None
 _active_scopes = 0
-_gc_was_enabled = False  # the collector's state when the first of the _active_scopes began
+_gc_paused_threshold = None  # gc.get_threshold()[0] when the first of the _active_scopes began
 
 
 def _enclosing_custom_op() -> str | None:
@@ -183,26 +195,33 @@ def _recording_profile(previous):
 
 def _capture_scope():
     """Entered around every capture (see Note [Rejected captures] in csrc/cpu/HostSyncWatch.cpp):
-    the garbage collector is paused, so that no finalizer frees pool memory mid-capture,
-    Tensor.tolist() -- a host read that ATen does not dispatch -- is watched on this thread, and
-    so are calls that set a generator (Note [Generators set inside a function]). Returns the
-    function that leaves the scope."""
+    the garbage collector's automatic collections are paused for the process, so that no
+    finalizer frees pool memory mid-capture, Tensor.tolist() -- a host read that ATen does not
+    dispatch -- is watched on this thread, and so are calls that set a generator (Note
+    [Generators set inside a function]). Returns the function that leaves the scope."""
     import gc
     import sys
 
     import torch
 
-    global _original_tolist, _active_scopes, _gc_was_enabled
+    global _original_tolist, _active_scopes, _gc_paused_threshold
     # Note [One pause of the collector for all threads]
     # The collector is process-wide, and a capture's own "was it enabled?" is wrong while another
     # thread captures: a scope that began during another's saw it paused, and once that other
     # scope re-enabled it, paused it again for good; a scope that ended first re-enabled it under
-    # the other's capture. So the first scope to begin pauses it and the last to end restores
-    # what the first saw, under one lock.
+    # the other's capture. So the first scope to begin pauses it and the last to end ends the
+    # pause, under one lock. The pause sets the first generation's threshold to 0 (no automatic
+    # collection then runs, as with gc.disable()) rather than disabling the collector, so that
+    # the user's own gc.disable() or gc.enable() during a capture is neither overwritten nor
+    # mistaken for the pause: it stays the user's. The threshold is put back only if it is still
+    # the pause's 0: a threshold the user set meanwhile is the newer word and stays (as for the
+    # sync debug mode, Note [Syncs of graphtrees' own] in csrc/OwnSyncScope.cpp). gc.collect()
+    # still runs when called; graphtrees' own (_collect_garbage) waits for no capture.
     with _scope_lock:
         if _active_scopes == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
+            thresholds = gc.get_threshold()
+            _gc_paused_threshold = thresholds[0]
+            gc.set_threshold(0, *thresholds[1:])
             # torch.Tensor.tolist is replaced only while some thread captures.
             if "tolist" not in torch.Tensor.__dict__:
                 _original_tolist = torch.Tensor.tolist
@@ -226,8 +245,9 @@ def _capture_scope():
                 if _active_scopes == 0:
                     if torch.Tensor.__dict__.get("tolist") is _watched_tolist:
                         del torch.Tensor.tolist
-                    if _gc_was_enabled:
-                        gc.enable()
+                    thresholds = gc.get_threshold()
+                    if thresholds[0] == 0:  # still the pause's: otherwise the user's, newer
+                        gc.set_threshold(_gc_paused_threshold, *thresholds[1:])
 
     return leave
 

@@ -7,10 +7,12 @@ cases and outcomes of tests/opinfo_cases.py. Three passes:
         graphtrees.compile(inner="aot_eager"): outputs and gradients against eager (float32)
     python scripts/opinfo_sweep.py --device cuda              cudagraphify on CUDA, each case in
         a worker process; on the CUDA stand-in (tests/cuda_standin/standin.py run ...) values
-        are not compared (kernels never run): each op must record and replay without a capture
-        error or a crash
+        are compared in its value mode (the default: ATen's CPU kernels compute them on the
+        host, so tolerances apply; values it does not know are listed as not compared), and
+        only structure with CUDA_STANDIN_VALUES=0 (each op must then record and replay without a
+        capture error or a crash)
 
-Writes benchmarks/results/opinfo-DATE[-verify|-training|-cuda|-standin].md and .json: cases,
+Writes benchmarks/results/opinfo-DATE[-verify|-training|-cuda|-standin[-values]].md and .json: cases,
 outcomes per dtype, every defect (wrong, error, crash: all must be 0) and every case that was not
 compared (nondet, compiler, skipped) with the reason.
 """
@@ -33,6 +35,7 @@ from opinfo_cases import (  # noqa: E402
     DEFECTS,
     OUTCOMES,
     _standin,
+    _standin_values,
     cases,
     run,
     run_isolated,
@@ -57,9 +60,13 @@ def _title(a, standin):
     if a.training:
         return "OpInfo sweep, training through graphtrees.compile (CPU backend, inner='aot_eager')"
     if a.device != "cpu":
-        where = (
-            "the CUDA stand-in: kernels not executed" if standin else torch.cuda.get_device_name()
-        )
+        where = torch.cuda.get_device_name()
+        if standin:
+            where = "the CUDA stand-in: " + (
+                "its value mode computed each op on the host, not a GPU"
+                if _standin_values(a.device)
+                else "kernels not executed"
+            )
         return f"OpInfo sweep through cudagraphify on {a.device} ({where})"
     return f"OpInfo sweep through cudagraphify (CPU backend{', verify=True' if a.verify else ''})"
 
@@ -73,13 +80,19 @@ def _method(a, standin):
             "within torch.testing's default tolerances. `compiler`: plain torch.compile("
             "backend='aot_eager') gives the same result, so the difference is not graphtrees'."
         )
-    compared = (
-        "the results' structure, shapes, dtypes and conjugate/negative bits compared with eager "
-        "(no values: the stand-in runs no kernels); each case in a worker process, a crash "
-        "counted against the case"
-        if standin
-        else "compared with eager bit for bit"
-    )
+    compared = "compared with eager bit for bit"
+    if standin and _standin_values(a.device):
+        compared = (
+            "compared with eager bit for bit, values included (the stand-in's value mode "
+            "computes each op on the host; results it could not compute are `skipped` with the "
+            "reason); each case in a worker process, a crash counted against the case"
+        )
+    elif standin:
+        compared = (
+            "the results' structure, shapes, dtypes and conjugate/negative bits compared with "
+            "eager (no values: the stand-in's value mode was off); each case in a worker "
+            "process, a crash counted against the case"
+        )
     return (
         "Each sample: warmup and recording on the first sample, two replays on a second "
         f"sample's values, {compared} (`tests/opinfo_cases.py`)."
@@ -117,7 +130,11 @@ def main():
     date = datetime.date.today().isoformat()
     suffix = "-verify" if a.verify else "-training" if a.training else ""
     if a.device != "cpu":
-        suffix += "-standin" if standin else f"-{a.device}"
+        suffix += (
+            ("-standin-values" if _standin_values(a.device) else "-standin")
+            if standin
+            else f"-{a.device}"
+        )
     shown = [o for o in OUTCOMES if totals[o] or o in DEFECTS]
     result = {
         "date": date,

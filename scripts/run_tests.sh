@@ -5,12 +5,17 @@
 # (the GPU machine's, in .venv-torch211) runs
 #   - the suite on CPU (the CUDA tests skipped: no GPU), and
 #   - the suite's CUDA tests on the CUDA stand-in (tests/cuda_standin: a fake CUDA runtime under
-#     real torch, kernels never executed), with GRAPHTREES_CUDA=1 -- a stand-in run, not a GPU
-#     run; tests that need kernel results are skipped there with their reason;
-# and, beside the torch 2.14.1 CPU suite, the sanitizer stage: the extension built with
+#     real torch) in its value mode (a value engine built per torch computes every aten op's
+#     values on the host, so the CUDA tests compare values, not only shapes), with
+#     GRAPHTREES_CUDA=1 -- a stand-in run, not a GPU run; what the engine cannot compute (device
+#     asserts, NCCL, cuFFT, Triton kernels) is skipped there with its reason, and the stage's last
+#     line counts the comparisons of values (on torch 2.11, the files of VALUES_211 in the value
+#     mode and the others without it);
+# and, after the torch 2.14.1 CPU suite, the sanitizer stage: the extension built with
 # -fsanitize=address,undefined against torch 2.11.0 (2.14.1 when 2.11 is skipped), running the
-# tree's tests (CUDA ones on the stand-in, CPU ones too) with 0 findings allowed; and the host
-# cost per compiled call on the stand-in against PyTorch's trees (benchmarks/bench_standin.py).
+# tree's tests (CUDA ones on the stand-in without its value mode, CPU ones too) with 0 findings
+# allowed; and the host cost per compiled call on the stand-in against PyTorch's trees
+# (benchmarks/bench_standin.py, without the value mode: it measures graphtrees' own cost).
 #   GRAPHTREES_SKIP_TORCH211=1   only torch 2.14.1
 #   GRAPHTREES_FULL_TORCH211=1   the whole CPU suite on torch 2.11 too (not only its API-facing files)
 #   GRAPHTREES_SKIP_STANDIN=1    no CUDA stand-in stages
@@ -49,6 +54,14 @@ standin_build() {
     mapfile -t STANDIN_ENV < <(CUDA_STANDIN_DIR="$dir" "$PY" tests/cuda_standin/standin.py env \
       | sed 's/^export //')
     STANDIN_ENV+=("CUDA_STANDIN_DIR=$dir" "GRAPHTREES_CUDA=1")
+    # Its value engine for this torch (built by `build` too, which only warns if it fails): a
+    # failure stops the run here rather than leave the CUDA tests comparing shapes alone.
+    if [[ ${CUDA_STANDIN_VALUES:-1} != 0 ]] \
+      && ! CUDA_STANDIN_DIR="$dir" "$PY" tests/cuda_standin/standin.py build-values > /dev/null; then
+      echo "[run_tests] the CUDA stand-in's value engine did not build (above);"
+      echo "[run_tests] CUDA_STANDIN_VALUES=0 runs the stand-in stages without it"
+      exit 1
+    fi
     stamp "build the CUDA stand-in" "$t"
   else
     echo "[run_tests] the CUDA stand-in stages are skipped (see the reason above)"
@@ -76,15 +89,29 @@ lane_wait() {
   return $rc
 }
 
-# standin_tests PYTHON LABEL: the suite's CUDA tests on the stand-in.
+# standin_tests PYTHON LABEL [FILE...]: the suite's CUDA tests on the stand-in, in its value mode;
+# with FILEs, only those in the value mode and the others without it (CUDA_STANDIN_VALUES=0): the
+# stated subset on torch 2.11 (docs/testing.md), which keeps the run within its time.
 standin_tests() {
   local python=$1 label=$2
+  shift 2
   [[ ${#STANDIN_ENV[@]} -gt 0 ]] || return 0
-  echo "[run_tests] CUDA tests on the CUDA stand-in ($label; kernels are not executed)"
   local t rc=0
   t=$(date +%s)
-  env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest tests "${PYTEST_OPTS[@]}" \
-    -m needs_cuda < /dev/null || rc=$?
+  if [[ $# -eq 0 ]]; then
+    echo "[run_tests] CUDA tests on the CUDA stand-in ($label; values computed on the host by its value engine)"
+    env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest tests "${PYTEST_OPTS[@]}" \
+      -m needs_cuda < /dev/null || rc=$?
+  else
+    echo "[run_tests] CUDA tests on the CUDA stand-in ($label): $* in its value mode"
+    env "${STANDIN_ENV[@]}" PYTHON="$python" "$python" -m pytest "$@" "${PYTEST_OPTS[@]}" \
+      -m needs_cuda < /dev/null || rc=$?
+    local ignore=() f
+    for f in "$@"; do ignore+=("--ignore=$f"); done
+    echo "[run_tests] CUDA tests on the CUDA stand-in ($label): the other files without its value mode"
+    env "${STANDIN_ENV[@]}" CUDA_STANDIN_VALUES=0 PYTHON="$python" "$python" -m pytest tests \
+      "${ignore[@]}" "${PYTEST_OPTS[@]}" -m needs_cuda < /dev/null || rc=$?
+  fi
   stamp "tests on the CUDA stand-in ($label)" "$t"
   return $rc
 }
@@ -131,7 +158,10 @@ sanitizer_stage() {
   # caller's RUNPATH: cuDNN then cannot find its sub-libraries (SDPA's backend choice asks for
   # its version). The wheel's NVIDIA library folders are named instead, after the stand-in's.
   libdirs=$("$python" -c "import glob, os, torch; print(':'.join(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), 'nvidia', '*', 'lib'))))")
-  local env=(PYTHON="$python" ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0:log_path=$reports/asan"
+  # Without the stand-in's value mode (CUDA_STANDIN_VALUES=0): the stage looks for memory errors
+  # of graphtrees' own code, which the value engine (not instrumented) does not add to, and the
+  # value stage above compares the same tests' values.
+  local env=(PYTHON="$python" CUDA_STANDIN_VALUES=0 ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0:log_path=$reports/asan"
     UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan")
   local preload=$asan:$cxx_runtime ld_path=$libdirs
   if [[ ${#STANDIN_ENV[@]} -gt 0 ]]; then
@@ -140,6 +170,7 @@ sanitizer_stage() {
       case $kv in
         LD_PRELOAD=*) preload="$preload:${kv#LD_PRELOAD=}" ;;
         LD_LIBRARY_PATH=*) ld_path="${kv#LD_LIBRARY_PATH=}:$ld_path" ;;
+        CUDA_STANDIN_VALUES=*) ;;
         *) env+=("$kv") ;;
       esac
     done
@@ -182,16 +213,44 @@ if [[ ${GRAPHTREES_SKIP_TORCH211:-0} != 1 ]]; then
   [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install torch==2.11.0 torchvision==0.26.0 "${DEPS[@]}"
   stamp "install (torch 2.11.0)" "$t"
+  if [[ ${#STANDIN_ENV[@]} -gt 0 && ${CUDA_STANDIN_VALUES:-1} != 0 ]]; then
+    # The stand-in's value engine for torch 2.11 (a torch extension: one per torch), built here
+    # so that its time is printed and a failure stops the run instead of turning the mode off.
+    t=$(date +%s)
+    env "${STANDIN_ENV[@]}" CUDA_STANDIN_VALUES=0 "$VENV/bin/python" tests/cuda_standin/standin.py \
+      build-values > /dev/null
+    stamp "build the CUDA stand-in's value engine (torch 2.11.0)" "$t"
+  fi
   SAN_PY=$VENV/bin/python
   SAN_LABEL="torch 2.11.0"
 fi
 
-# torch 2.14.1: the CPU suite here, and beside it the stand-in's CUDA tests then the sanitizer
-# stage.
-lane_b_214() {
+# The second torch builds a copy of the sources, so that its extension never replaces the first
+# one's (an extension only loads with the torch it was compiled against). The copy keeps its own
+# build folder between runs; only files whose content changed are written (scripts/sync_tree.py).
+SRC=$VENV/src
+build_211() {
+  local t
+  t=$(date +%s)
+  "$PY" scripts/sync_tree.py "$SRC" || return 1
+  echo "[run_tests] building graphtrees against torch 2.11.0"
+  (cd "$SRC" && "$VENV/bin/python" -m pip install --no-build-isolation --no-deps -e .) || return 1
+  stamp "build (torch 2.11.0)" "$t"
+}
+# On torch 2.11 (the GPU machine's) every CUDA test runs on the stand-in; these files in its value
+# mode, the others without it: the full value run is torch 2.14.1's.
+VALUES_211=(tests/test_standin.py tests/test_seed_story.py tests/test_tree_behaviour.py
+  tests/test_write_back.py tests/test_cuda.py)
+# Lane B: the stand-in's CUDA tests on torch 2.14.1, then the torch 2.11 build and the stand-in's
+# tests on it; lane A (the foreground): the CPU suite on torch 2.14.1, then the sanitizer stage.
+# The two take about as long (docs/testing.md).
+lane_b() {
   local rc=0
   standin_tests "$PY" "torch 2.14.1" || rc=$?
-  sanitizer_stage "$SAN_PY" "$SAN_LABEL" || rc=$?
+  if [[ ${GRAPHTREES_SKIP_TORCH211:-0} != 1 ]]; then
+    build_211 || return 1
+    (cd "$SRC" && standin_tests "$VENV/bin/python" "torch 2.11.0" "${VALUES_211[@]}") || rc=$?
+  fi
   return $rc
 }
 # The host cost per compiled call against PyTorch's trees (issue 40), printed every run so that a
@@ -202,57 +261,44 @@ host_cost() {
   [[ ${#STANDIN_ENV[@]} -gt 0 ]] || return 0
   local t rc=0
   t=$(date +%s)
-  (cd "$ROOT" && env "${STANDIN_ENV[@]}" "$PY" benchmarks/bench_standin.py --sections overhead \
+  (cd "$ROOT" && env "${STANDIN_ENV[@]}" CUDA_STANDIN_VALUES=0 "$PY" benchmarks/bench_standin.py --sections overhead \
     --iters 1000 --rounds 5 < /dev/null | tail -n 13) || rc=$?
   stamp "host cost on the CUDA stand-in (torch 2.14.1, nothing else running)" "$t"
   return $rc
 }
-echo "[run_tests] beside the CPU suite: the CUDA stand-in's tests, then the sanitizer stage (logged below when done)"
-lane_start lane_b_214
+echo "[run_tests] beside the CPU suite and the sanitizer stage: the CUDA stand-in's tests and the torch 2.11 build (logged below when done)"
+lane_start lane_b
 t=$(date +%s)
 cpu_rc=0
 "$PY" -m pytest tests "${PYTEST_OPTS[@]}" || cpu_rc=$?
 stamp "tests (torch 2.14.1)" "$t"
+san_rc=0
+sanitizer_stage "$SAN_PY" "$SAN_LABEL" || san_rc=$?
+lane_wait || exit 1
+[[ $cpu_rc == 0 ]] || exit $cpu_rc
+[[ $san_rc == 0 ]] || exit $san_rc
+host_cost || exit 1
 if [[ ${GRAPHTREES_SKIP_TORCH211:-0} == 1 ]]; then
-  lane_wait || exit 1
-  [[ $cpu_rc == 0 ]] || exit $cpu_rc
-  host_cost || exit 1
   echo "[run_tests] GRAPHTREES_SKIP_TORCH211=1: the torch 2.11 stages were skipped"
   stamp "all stages" "$t_all"
   exit 0
 fi
 
-# The second torch builds a copy of the sources, so that its extension never replaces the first
-# one's (an extension only loads with the torch it was compiled against). The copy keeps its own
-# build folder between runs; only files whose content changed are written (scripts/sync_tree.py).
-# (While the other lane may still run the sanitizer stage.)
-SRC=$VENV/src
-t=$(date +%s)
-"$PY" scripts/sync_tree.py "$SRC"
-cd "$SRC"
-echo "[run_tests] building graphtrees against torch 2.11.0"
-"$VENV/bin/python" -m pip install --no-build-isolation --no-deps -e .
-stamp "build (torch 2.11.0)" "$t"
-lane_wait || exit 1
-[[ $cpu_rc == 0 ]] || exit $cpu_rc
-host_cost || exit 1
-t=$(date +%s)
 # On torch 2.11 the CPU suite's files that touch what differs between the two torches (the
 # extension's symbols and stubs, dynamo and AOTAutograd, piecewise splitting, the CPU program
-# replay, the tree's behaviour, the fidelity cases); the CUDA stand-in stage below runs every
-# CUDA test on it. GRAPHTREES_FULL_TORCH211=1 runs the whole CPU suite here too.
+# replay, the tree's behaviour, the fidelity cases), alone: lane B ran every CUDA test on it.
+# GRAPHTREES_FULL_TORCH211=1 runs the whole CPU suite here too.
+cd "$SRC"
+t=$(date +%s)
 TORCH211_TESTS=(tests/test_package.py tests/test_compile.py tests/test_piecewise.py
   tests/test_cpu_graphs.py tests/test_tree_behaviour.py tests/test_fidelity.py
   tests/test_policy.py tests/test_wheel.py)
 [[ ${GRAPHTREES_FULL_TORCH211:-0} == 1 ]] && TORCH211_TESTS=(tests)
-echo "[run_tests] beside the torch 2.11.0 CPU files: the CUDA stand-in's tests (logged below when done)"
-lane_start standin_tests "$VENV/bin/python" "torch 2.11.0"
 cpu_rc=0
 # The wheel built here must refuse torch 2.14.1 (test_wheel.py): its site-packages.
 OTHER_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 GRAPHTREES_OTHER_TORCH_SITE=$OTHER_SITE PYTHON="$VENV/bin/python" \
   "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" "${PYTEST_OPTS[@]}" || cpu_rc=$?
 stamp "tests (torch 2.11.0)" "$t"
-lane_wait || exit 1
 [[ $cpu_rc == 0 ]] || exit $cpu_rc
 stamp "all stages" "$t_all"

@@ -8,7 +8,7 @@ import torch
 import graphtrees
 from graphtrees._ext import get_ext, has_ext
 
-from helpers import STANDIN
+from helpers import STANDIN, STANDIN_COMPARISONS, standin_values
 
 if STANDIN is not None:
     # cuDNN carries its own static CUDA runtime and is not modelled by the stand-in (README.md in
@@ -26,7 +26,7 @@ def _cuda_usable():
     )
 
 
-KERNELS_SKIP_PREFIX = "needs kernel results (the CUDA stand-in runs none)"
+KERNELS_SKIP_PREFIX = "needs kernel results the CUDA stand-in does not compute"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,12 +38,19 @@ def pytest_collection_modifyitems(config, items):
         return
     if _cuda_usable():
         if STANDIN is not None:
-            # A CUDA test whose point is a value computed on the device (numerics, random
-            # numbers, a device-side assert, a data-dependent shape) cannot pass or fail
-            # meaningfully where kernels never run: it says why with needs_kernels("...").
+            # A CUDA test whose point is what a real kernel does (a device-side assert, NCCL,
+            # cuFFT, a Triton kernel) cannot pass or fail meaningfully on the stand-in: it says
+            # why with needs_kernels("..."). One whose point is a value computed on the device
+            # says so with needs_values("..."): the stand-in's value mode computes those (Note
+            # [Stand-in values]); with it off (CUDA_STANDIN_VALUES=0) they are skipped too.
+            values = standin_values()
             for item in items:
+                if "needs_cuda" not in item.keywords:
+                    continue
                 marker = item.get_closest_marker("needs_kernels")
-                if marker is not None and "needs_cuda" in item.keywords:
+                if marker is None and not values:
+                    marker = item.get_closest_marker("needs_values")
+                if marker is not None:
                     why = marker.args[0] if marker.args else "values computed by kernels"
                     item.add_marker(pytest.mark.skip(reason=f"{KERNELS_SKIP_PREFIX}: {why}"))
         return
@@ -55,8 +62,43 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
 
 
+# Tests that brought bytes the value mode does not know to the host (.cpu(), .item(), printing):
+# any comparison they made of those bytes compared nothing computed (stand-in stats
+# "unknown_reads"); named in the summary, so that a pass there is not taken for a value check.
+UNKNOWN_READS = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if STANDIN is None or not standin_values():
+        yield
+        return
+    before = STANDIN.stats()["unknown_reads"]
+    yield
+    n = STANDIN.stats()["unknown_reads"] - before
+    if n > 0:
+        UNKNOWN_READS[item.nodeid] = n
+
+
+def pytest_sessionstart(session):
+    # The value mode is asked for but its engine did not load (it says why on stderr): the CUDA
+    # tests would compare structure only, which must not pass for a value run.
+    if STANDIN is None:
+        return
+    from cuda_standin.standin import values_requested
+
+    if values_requested() and not standin_values():
+        raise pytest.UsageError(
+            "the CUDA stand-in's value mode is on (CUDA_STANDIN_VALUES is not 0) but its value "
+            "engine is not loaded in this process (see the reason above; "
+            "tests/cuda_standin/standin.py build-values builds it); CUDA_STANDIN_VALUES=0 runs "
+            "the CUDA tests comparing structure only"
+        )
+
+
 def pytest_terminal_summary(terminalreporter):
-    """On the CUDA stand-in: how many CUDA tests ran, passed, and were skipped for kernels."""
+    """On the CUDA stand-in: how many CUDA tests ran, passed, and were skipped for kernels, and
+    what helpers.assert_close compared: values, or structure only."""
     if STANDIN is None:
         return
     stats = terminalreporter.stats
@@ -68,11 +110,23 @@ def pytest_terminal_summary(terminalreporter):
     failed = len({r.nodeid for r in cuda(stats.get("failed", []) + stats.get("error", []))})
     skipped = cuda(stats.get("skipped", []))
     kernels = len([r for r in skipped if KERNELS_SKIP_PREFIX in str(r.longrepr)])
+    mode = "values computed on the host" if standin_values() else "kernels not executed"
     terminalreporter.write_line(
-        f"CUDA stand-in (kernels not executed): {passed + failed} CUDA tests ran, {passed} "
+        f"CUDA stand-in ({mode}): {passed + failed} CUDA tests ran, {passed} "
         f"passed, {failed} failed, {kernels} skipped for kernels, "
         f"{len(skipped) - kernels} skipped otherwise"
     )
+    c = STANDIN_COMPARISONS
+    terminalreporter.write_line(
+        f"CUDA stand-in comparisons (helpers.assert_close): {c['values']} of values, "
+        f"{c['structure']} of structure only, {c['unknown']} skipped for unknown values"
+    )
+    if UNKNOWN_READS:
+        terminalreporter.write_line(
+            f"CUDA stand-in: {len(UNKNOWN_READS)} test(s) read values it does not know to the "
+            "host (their own comparisons of those bytes compared nothing computed): "
+            + ", ".join(f"{k} ({v})" for k, v in sorted(UNKNOWN_READS.items()))
+        )
 
 
 DEVICES = [

@@ -14,9 +14,21 @@ STANDIN = current_standin()  # the CUDA stand-in this process runs on, or None
 
 
 def on_standin(device="cuda"):
-    """True when `device` is CUDA and CUDA is the stand-in (tests/cuda_standin): kernels never
-    run there, so values computed on the device mean nothing."""
+    """True when `device` is CUDA and CUDA is the stand-in (tests/cuda_standin): a fake CUDA
+    runtime, not a GPU. Its value mode (on unless CUDA_STANDIN_VALUES=0) computes what each kernel
+    would; without it, values computed on the device mean nothing (standin_values())."""
     return STANDIN is not None and torch.device(device).type == "cuda"
+
+
+def standin_values():
+    """True when the CUDA stand-in computes values (its value engine is loaded: Note [Stand-in
+    values] in tests/cuda_standin/values.cpp)."""
+    return STANDIN is not None and STANDIN.values_enabled()
+
+
+# What helpers.assert_close compared on the CUDA stand-in, for the stage's closing line
+# (conftest.py): values, structure only (the value mode off), or skipped for unknown values.
+STANDIN_COMPARISONS = {"values": 0, "structure": 0, "unknown": 0}
 
 
 def _is_standin_tensor(t):
@@ -52,15 +64,52 @@ def _any_standin_tensor(x):
     return False
 
 
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+
+
+def _to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.cpu()  # a copy: bytes moved by the stand-in, no kernel
+    if isinstance(x, (list, tuple)):
+        return [_to_cpu(v) for v in x] if isinstance(x, list) else tuple(_to_cpu(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_cpu(v) for k, v in x.items()}
+    return x
+
+
 def assert_close(actual, expected, **kwargs):
-    """torch.testing.assert_close, except for CUDA tensors on the CUDA stand-in: kernels never run
-    there, so only what does not depend on their results is compared -- the structure, shapes,
-    dtypes and devices -- and the result is read (which raises if graphtrees says it was
-    overwritten). Values are compared on the CPU backend and on a GPU."""
-    if _any_standin_tensor(actual) or _any_standin_tensor(expected):
-        _same_structure(actual, expected)
+    """torch.testing.assert_close, and on the CUDA stand-in:
+    - with its value mode (the default), the values are compared on host copies; a tensor whose
+      values the stand-in could not compute (a Triton kernel wrote it) skips the test with that
+      reason, never a silent pass;
+    - with the value mode off (CUDA_STANDIN_VALUES=0), only what does not depend on kernels'
+      results: structure, shapes, dtypes, devices, and that the result can be read (which raises
+      if graphtrees says it was overwritten).
+    Each is counted in STANDIN_COMPARISONS."""
+    if not (_any_standin_tensor(actual) or _any_standin_tensor(expected)):
+        torch.testing.assert_close(actual, expected, **kwargs)
         return
-    torch.testing.assert_close(actual, expected, **kwargs)
+    _same_structure(actual, expected)
+    if not standin_values():
+        STANDIN_COMPARISONS["structure"] += 1
+        return
+    for t in (*_tensors(actual), *_tensors(expected)):
+        known, why = STANDIN.values_known(t)
+        if not known:
+            STANDIN_COMPARISONS["unknown"] += 1
+            import pytest
+
+            pytest.skip(f"cannot compare values on the CUDA stand-in: {why}")
+    torch.testing.assert_close(_to_cpu(actual), _to_cpu(expected), **kwargs)
+    STANDIN_COMPARISONS["values"] += 1
 
 
 def info(device):

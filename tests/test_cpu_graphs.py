@@ -301,7 +301,7 @@ def test_ops_with_tensor_lists_views_and_indices_replay():
     assert cpu_replays("cpu") == ["program"]
 
 
-@pytest.mark.needs_kernels("verify compares a replay's values with an eager run's")
+@pytest.mark.needs_values("verify compares a replay's values with an eager run's")
 def test_verify_catches_a_baked_value_on_every_backend(device):
     k = {"v": 1.0}
     g = cudagraphify(lambda x: (x * k["v"], x.sum()), verify=True, name="baked")
@@ -366,7 +366,7 @@ def test_verify_keeps_the_rng_where_the_replay_left_it(x):
     assert_close(follow, torch.randn(3))
 
 
-@pytest.mark.needs_kernels("reads on the host the state a replay wrote")
+@pytest.mark.needs_values("reads on the host the state a replay wrote")
 @pytest.mark.parametrize("mode", [True, "warn"], ids=["raise", "warn"])
 def test_verify_updates_state_outside_the_arguments_once(device, mode, caplog):
     # A cache and its position counter held in a closure (transformers' StaticCache): the eager
@@ -392,7 +392,7 @@ def test_verify_updates_state_outside_the_arguments_once(device, mode, caplog):
     assert "does not match" not in caplog.text
 
 
-@pytest.mark.needs_kernels("verify compares a replay's values with an eager run's")
+@pytest.mark.needs_values("verify compares a replay's values with an eager run's")
 def test_verify_names_state_a_replay_writes_differently(device):
     k = {"v": 1.0}
     state = torch.zeros(4, device=device)

@@ -184,7 +184,7 @@ REJECTED = {
 
 @pytest.mark.parametrize(
     "kind",
-    ["item", pytest.param("mask", marks=pytest.mark.needs_kernels("the mask's shape"))],
+    ["item", pytest.param("mask", marks=pytest.mark.needs_values("the mask's shape"))],
 )
 def test_rejected_capture_leaves_the_allocator_clean(kind):
     fn = REJECTED[kind]
@@ -434,7 +434,7 @@ def test_host_syncs_torch_checks_before_capturing_run_eagerly(name, tree_logs):
     torch.randn(4, device="cuda")
 
 
-@pytest.mark.needs_kernels("the random numbers are a kernel's output")
+@pytest.mark.needs_values("the random numbers are a kernel's output")
 def test_generator_argument_gives_fresh_numbers_on_every_replay():
     # #3: a torch.Generator argument is registered with the graph, as PyTorch's trees do.
     gen = torch.Generator("cuda")
@@ -451,7 +451,7 @@ def test_generator_argument_gives_fresh_numbers_on_every_replay():
     assert not torch.equal(graphed[3], graphed[4])
 
 
-@pytest.mark.needs_kernels("the random numbers are a kernel's output")
+@pytest.mark.needs_values("the random numbers are a kernel's output")
 def test_dropout_replays_follow_the_eager_random_stream():
     # E7: with the default generator, graphed call k draws what eager call k draws.
     f = lambda x: torch.nn.functional.dropout(x, 0.5, training=True)  # noqa: E731

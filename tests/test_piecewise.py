@@ -147,7 +147,7 @@ def _assert_pieces_replayed(device, modes):
 
 def _case_params():
     # nonzero's output shape is read from the device: a value the CUDA stand-in has none of.
-    kernels = pytest.mark.needs_kernels("nonzero's output shape is read from the device")
+    kernels = pytest.mark.needs_values("nonzero's output shape is read from the device")
     return [pytest.param(c, marks=kernels) if c == "nonzero" else c for c in sorted(CASES)]
 
 

@@ -4,8 +4,10 @@ most 8 files back (the device machine returns no more), a crash's native backtra
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -127,32 +129,31 @@ def test_gpu_check_stops_stages_at_its_deadline(tmp_path, deadline):
 
 def test_gpu_check_stops_a_stage_with_sigint_so_pytest_prints_its_summary(tmp_path):
     # The stage helper uses `timeout -s INT`: pytest interrupted that way still prints its
-    # failures and its summary line (SIGTERM would lose them).
+    # failures and its summary line (SIGTERM would lose them). The signal is sent once the hanging
+    # test has begun (a marker file), as `timeout` sends it to a stage stuck in a test: a fixed
+    # deadline landed inside pytest's start-up on a loaded machine.
+    assert "timeout -s INT" in open(os.path.join(ROOT, "scripts", "gpu_check.sh")).read()
+    marker = tmp_path / "hanging"
     script = tmp_path / "slow_test.py"
     script.write_text(
-        "import time\n\ndef test_fails():\n    assert False\n\n"
-        "def test_hangs():\n    time.sleep(60)\n"
+        "import pathlib, time\n\ndef test_fails():\n    assert False\n\n"
+        f"def test_hangs():\n    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(120)\n"
     )
-    r = subprocess.run(
-        [
-            "timeout",
-            "-s",
-            "INT",
-            "--kill-after=15",
-            "8",
-            sys.executable,
-            "-m",
-            "pytest",
-            "-v",
-            "--tb=short",
-            "-rfE",
-            "-p",
-            "no:cacheprovider",
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    cmd = [sys.executable, "-m", "pytest", "-v", "--tb=short", "-rfE", "-p", "no:cacheprovider"]
+    p = subprocess.Popen(
+        [*cmd, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), "the hanging test never began"
+        p.send_signal(signal.SIGINT)
+        stdout, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    r = subprocess.CompletedProcess(p.args, p.returncode, stdout)
     assert "KeyboardInterrupt" in r.stdout or "Interrupted" in r.stdout
     assert "FAILED" in r.stdout and "test_fails" in r.stdout  # the failure survived the stop

@@ -583,3 +583,354 @@ def test_torch_launching_onto_a_destroyed_stream_ends_the_process():
     assert "launched" not in r.stdout
     assert "the launch of kernel" in r.stderr
     assert f"stream {handle} was destroyed by cudaStreamDestroy" in r.stderr, r.stderr[-3000:]
+
+
+# ---- the value mode (Note [Stand-in values] in tests/cuda_standin/values.cpp) ------------------
+# Each runs in a fresh interpreter with the value mode on (the environment standin.py gives), so
+# that they check the engine whatever this process runs with; values are compared against the
+# same computation on the CPU.
+
+
+def run_with_values(code, timeout=300, **env):
+    """Runs `code` on the stand-in with the value mode on; returns its stdout."""
+    from cuda_standin import standin
+
+    environ = standin.environment(os.environ["CUDA_STANDIN_DIR"], dict(os.environ, **env))
+    header = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {os.path.join(ROOT, 'tests', 'cuda_standin')!r})\n"
+        "import standin\n"
+        "assert standin.values_enabled(), 'the value engine did not load'\n"
+        "def same(dev, ref, **kw):\n"
+        "    known, why = standin.values_known(dev)\n"
+        "    assert known, why\n"
+        "    torch.testing.assert_close(dev.cpu(), ref, **kw)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", header + code],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+
+def test_values_eager_ops_views_inplace_out_and_gemms_compute():
+    run_with_values(
+        """
+torch.manual_seed(0)
+a_cpu = torch.randn(6, 8)
+b_cpu = torch.randn(8, 5)
+a, b = a_cpu.cuda(), b_cpu.cuda()
+same(a * 2 + 1, a_cpu * 2 + 1)
+same(torch.relu(a).sum(1), torch.relu(a_cpu).sum(1))
+same(a.t().contiguous(), a_cpu.t().contiguous())            # a view, then a kernel
+same(a[1:4, ::2].exp(), a_cpu[1:4, ::2].exp())
+same(a.to(torch.float64).to(torch.int32), a_cpu.double().int())  # conversions (copy_)
+same(torch.zeros(3, 4, device="cuda"), torch.zeros(3, 4))  # factories are kernels too
+same(torch.arange(7, device="cuda") * 3, torch.arange(7) * 3)
+same(a @ b, a_cpu @ b_cpu, rtol=1e-4, atol=1e-4)           # cuBLAS GEMM
+same(torch.addmm(b[0], a, b), torch.addmm(b_cpu[0], a_cpu, b_cpu), rtol=1e-4, atol=1e-4)
+same(torch.bmm(a.view(2, 3, 8), a.view(2, 3, 8).transpose(1, 2)),
+     torch.bmm(a_cpu.view(2, 3, 8), a_cpu.view(2, 3, 8).transpose(1, 2)), rtol=1e-4, atol=1e-4)
+lin = torch.nn.Linear(8, 5)
+ref = lin(a_cpu).detach()
+with torch.no_grad():
+    same(lin.cuda()(a), ref, rtol=1e-4, atol=1e-4)
+c, c_cpu = a.clone(), a_cpu.clone()
+c.mul_(3).add_(1)                                           # in place
+c_cpu.mul_(3).add_(1)
+same(c, c_cpu)
+c[2:4].zero_()                                              # in place through a view
+c_cpu[2:4].zero_()
+same(c, c_cpu)
+out = torch.empty(6, 8, device="cuda")
+torch.mul(a, a, out=out)                                    # out=
+same(out, a_cpu * a_cpu)
+grown = torch.empty(0, device="cuda")
+torch.add(a, 1, out=grown)                                  # out= that the kernel resizes
+same(grown, a_cpu + 1)
+same(a[a > 0], a_cpu[a_cpu > 0])                            # data-dependent: computed first
+same(torch.nonzero(a > 0.5), torch.nonzero(a_cpu > 0.5))
+same(torch.unique(torch.tensor([3, 1, 3, 2], device="cuda")), torch.tensor([1, 2, 3]))
+assert torch.equal(a, a.clone()) and not torch.equal(a, a + 1)
+assert a.sum().item() == a.cpu().sum().item()
+x = torch.randn(4, 3, device="cuda", requires_grad=True)   # autograd's backward thread
+(x * x).sum().backward()
+same(x.grad, 2 * x.detach().cpu())
+print("ok")
+"""
+    )
+
+
+def test_values_replays_recompute_from_what_the_memory_holds():
+    run_with_values(
+        """
+w_cpu = torch.randn(8, 8)
+x, w = torch.zeros(8, device="cuda"), w_cpu.cuda()
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    torch.relu(x @ w)  # warm up cuBLAS outside the capture
+torch.cuda.current_stream().wait_stream(s)
+g = torch.cuda.CUDAGraph()
+host_nodes = standin.current().stats()["host_nodes"]
+with torch.cuda.graph(g):
+    y = torch.relu(x @ w) * 2 + x.sum()
+    x.add_(1)  # a captured in-place op: every replay adds again
+# Each op's computation rides on its own kernel node (a GEMM's too): the graph has no host node,
+# so it could sit in a conditional body, which takes none.
+assert standin.current().stats()["host_nodes"] == host_nodes, "the capture made host nodes"
+for i in range(3):
+    x_cpu = torch.full((8,), float(i))
+    x.copy_(x_cpu)  # new input bytes, then a replay
+    g.replay()
+    same(y, torch.relu(x_cpu @ w_cpu) * 2 + x_cpu.sum(), rtol=1e-5, atol=1e-5)
+    same(x, x_cpu + 1)
+# A capture refuses a data-dependent op, as on a GPU.
+g2 = torch.cuda.CUDAGraph()
+try:
+    with torch.cuda.graph(g2):
+        torch.nonzero(x)
+except Exception as e:
+    assert "capture" in str(e), e
+else:
+    raise AssertionError("nonzero was captured")
+print("ok")
+"""
+    )
+
+
+def test_values_random_numbers_follow_the_cuda_generator():
+    run_with_values(
+        """
+torch.manual_seed(0)
+e1, e2, e3 = (torch.rand(64, device="cuda").cpu() for _ in range(3))
+assert not torch.equal(e1, e2)
+assert 0 <= e1.min() and e1.max() < 1 and e1.std() > 0.1
+torch.manual_seed(0)
+assert torch.equal(torch.rand(64, device="cuda").cpu(), e1)  # manual_seed reproduces
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    r = torch.rand(64, device="cuda")
+torch.manual_seed(0)
+g.replay()
+r1 = r.cpu()
+g.replay()
+r2 = r.cpu()
+assert not torch.equal(r1, r2)  # each replay draws anew
+assert torch.equal(r1, e1) and torch.equal(r2, e2)  # replay k draws what eager call k drew
+n = torch.randn(10000, device="cuda").cpu()
+assert abs(n.mean()) < 0.05 and abs(n.std() - 1) < 0.05
+d = torch.nn.functional.dropout(torch.ones(1000, device="cuda"), 0.25).cpu()
+kept = d != 0
+torch.testing.assert_close(d[kept], torch.full_like(d[kept], 1 / 0.75))
+assert 150 < (~kept).sum() < 350, d
+print("ok")
+"""
+    )
+
+
+def test_values_a_launch_nothing_computed_is_unknown():
+    # A raw driver launch (what a Triton kernel or a user's load_inline kernel is to the stand-in):
+    # the memory its pointer argument points into becomes unknown; a computed op writing it makes
+    # it known again; an op reading unknown bytes gives unknown results.
+    run_with_values(
+        """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+module, func = ctypes.c_void_p(), ctypes.c_void_p()
+image = ctypes.create_string_buffer(b"not an image: the stand-in loads it unread", 64)
+assert cuda.cuModuleLoadData(ctypes.byref(module), image) == 0
+assert cuda.cuModuleGetFunction(ctypes.byref(func), module, b"user_kernel") == 0
+t = torch.ones(256, device="cuda")
+other = torch.ones(256, device="cuda")
+assert standin.values_known(t) == (True, "")
+ptr = ctypes.c_void_p(t.data_ptr())
+n = ctypes.c_int(256)
+params = (ctypes.c_void_p * 2)(ctypes.addressof(ptr), ctypes.addressof(n))
+stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+assert cuda.cuLaunchKernel(func, 1, 1, 1, 128, 1, 1, 0, stream, params, None) == 0
+known, why = standin.values_known(t)
+assert not known and "user_kernel" in why, why
+known, why = standin.values_known(t * 2)  # computed from unknown bytes
+assert not known, why
+t.fill_(3)  # a computed op writes it: known again
+same(t, torch.full((256,), 3.0))
+# The detector: an op whose CUDA kernel copies device memory to the host while it computes
+# (reading values the engine has not computed yet) fails, naming the op.
+cudart = ctypes.CDLL("libcudart.so.13")
+name = ctypes.c_char_p(b"aten::pretend_op")
+cudart.standin_values_enter(name)
+try:
+    t.cpu()
+except RuntimeError:
+    pass
+else:
+    raise AssertionError("a device-to-host copy inside an op was not refused")
+finally:
+    cudart.standin_values_exit()
+assert "aten::pretend_op" in standin.current().last_message()
+torch.cuda.synchronize()
+same(t, torch.full((256,), 3.0))  # the stream still works
+print("ok")
+"""
+    )
+
+
+def test_values_an_inductor_kernel_is_unknown():
+    # Triton kernels never reach the dispatcher: their outputs are unknown, never silently NaN.
+    run_with_values(
+        """
+f = torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="inductor")
+x = torch.randn(64, device="cuda")
+y = f(x)
+known, why = standin.values_known(y)
+assert not known and "triton" in why, why
+# Its arguments' memory is unknown from each pointer on (x's too: reads and writes are not told
+# apart); eager ATen on fresh values still computes.
+z = torch.full((64,), 0.5, device="cuda")
+same(torch.sin(z) * 2 + 1, torch.sin(torch.full((64,), 0.5)) * 2 + 1)
+print("ok")
+""",
+        timeout=600,
+    )
+
+
+def test_values_host_functions_run_without_the_standins_lock():
+    # A host function that needs the GIL while another thread, holding the GIL, makes CUDA calls:
+    # with host functions run under the stand-in's lock this deadlocks (a driver runs them on its
+    # own thread, without an API lock). And two threads computing values at once.
+    run_with_values(
+        """
+import ctypes, threading, time
+cudart = ctypes.CDLL("libcudart.so.13")
+ran = []
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def host_fn(_):
+    time.sleep(0.01)  # Python: takes the GIL
+    ran.append(1)
+stop = threading.Event()
+def poller():
+    while not stop.is_set():
+        torch.cuda.current_stream().query()
+        torch.cuda.is_current_stream_capturing()
+t = threading.Thread(target=poller)
+t.start()
+stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+for _ in range(20):
+    assert cudart.cudaLaunchHostFunc(stream, host_fn, None) == 0
+stop.set()
+t.join()
+assert len(ran) == 20
+errors = []
+def worker(seed):
+    try:
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(20):
+            a_cpu = torch.randn(32, 32, generator=gen)
+            a = a_cpu.cuda()
+            same((a @ a).relu() + 1, (a_cpu @ a_cpu).relu() + 1, rtol=1e-4, atol=1e-4)
+    except Exception as e:
+        errors.append(e)
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+[th.start() for th in threads]
+[th.join() for th in threads]
+assert not errors, errors
+print("ok")
+""",
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("mode", ["deferred", "expandable"])
+def test_values_in_deferred_mode_and_expandable_segments(mode):
+    env = (
+        {"CUDA_STANDIN_DEFERRED": "1"}
+        if mode == "deferred"
+        else {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    )
+    run_with_values(
+        """
+a_cpu = torch.randn(300, 1000)
+a = a_cpu.cuda()
+b = (a * 2).sin()
+c = b @ a.t()
+same(b, (a_cpu * 2).sin())
+same(c, (a_cpu * 2).sin() @ a_cpu.t(), rtol=1e-4, atol=1e-3)
+print("ok")
+""",
+        **env,
+    )
+
+
+def test_values_a_graph_destroyed_with_its_replay_queued_keeps_its_work_until_it_ran():
+    # Deferred mode: a replay is queued, then the graph is destroyed (CUDAGraph.reset(), as
+    # graphtrees.reset() does). A launch holds the graph's user objects (the engine's computations)
+    # until it has run, as a driver does; before, the queued replay ran freed host work (SIGSEGV).
+    run_with_values(
+        """
+import gc
+x_cpu = torch.arange(4096.0)
+x = x_cpu.cuda()
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    (x * 2).sin()  # warm up outside the capture
+torch.cuda.current_stream().wait_stream(s)
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    y = (x * 2).sin()
+x.copy_(x_cpu + 1)
+g.replay()  # queued, not run
+g.reset()  # the graph and its executable are destroyed
+del g
+gc.collect()
+junk = [bytearray(200) for _ in range(20000)]  # reuses the heap a freed computation held
+torch.cuda.synchronize()  # runs the queued replay
+same(y, ((x_cpu + 1) * 2).sin())
+print("ok")
+""",
+        CUDA_STANDIN_DEFERRED="1",
+    )
+
+
+def test_values_an_in_place_op_whose_kernel_copies_into_its_input_is_computed_from_the_input():
+    # mvlgamma_'s CUDA kernel computes into a temporary and copies it into self; the copies an
+    # op's own kernel makes move no bytes while the engine computes that op, so the host computes
+    # from the input (found by the OpInfo sweep: NaN before). An unknown value stays unknown
+    # through a strided write, and a data-dependent op on unknown bytes gives unknown results.
+    run_with_values(
+        """
+import ctypes
+x_cpu = torch.rand(4, 3, dtype=torch.float64) + 3
+x = x_cpu.cuda()
+x.mvlgamma_(3)
+same(x, x_cpu.clone().mvlgamma_(3))
+m = torch.zeros(4, 4, device="cuda")
+lib = standin.current()._lib
+lib.standin_values_mark(ctypes.c_void_p(m.data_ptr()), ctypes.c_size_t(64), 1)
+m.fill_diagonal_(0)  # writes 4 of 16 elements
+assert not standin.values_known(m)[0], "a strided write made the whole matrix known"
+assert not standin.values_known(m[m < 3])[0], "a boolean index of unknown bytes is known"
+print("ok")
+"""
+    )
+
+
+def test_values_off_is_the_plain_standin():
+    out = run_process(
+        "import sys, torch\n"
+        f"sys.path.insert(0, {os.path.join(ROOT, 'tests', 'cuda_standin')!r})\n"
+        "import standin\n"
+        "x = torch.ones(4, device='cuda') + 1\n"
+        "print(standin.values_enabled(), standin.values_known(x)[0],\n"
+        "      x.cpu().isnan().all().item())\n",
+        CUDA_STANDIN_VALUES="0",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["False", "False", "True"]

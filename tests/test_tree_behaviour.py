@@ -262,7 +262,7 @@ def test_tensor_no_longer_in_pool_rerecords(device):
     assert len(root["children"]) == 2
 
 
-@pytest.mark.needs_kernels("the step branches on a value computed on the device (.item() > 0)")
+@pytest.mark.needs_values("the step branches on a value computed on the device (.item() > 0)")
 def test_live_outputs_over_several_graphs_checkpoint_counts(device):
     # Port of test_live_outputs_multiple_graphs: three functions on one path, the third only on
     # some inputs; warming it up and then recording it each restore the pool once.
@@ -466,7 +466,7 @@ def test_unsupported_arguments_fall_back(device, tree_logs):
     assert "no tensor arguments" in tree_logs.text
 
 
-@pytest.mark.needs_kernels("reads the values a replay wrote back")
+@pytest.mark.needs_values("reads the values a replay wrote back")
 def test_inplace_mutation_of_a_copied_input_is_written_back(device, tree_logs):
     # Note [Copied inputs written back]: the caller's tensor gets what eager leaves in it.
     def f(x, y):
@@ -622,7 +622,7 @@ def test_nested_graphed_calls_run_inside_the_outer_run(device):
     assert info(device)["num_nodes"] == 1
 
 
-@pytest.mark.needs_kernels("verify=True compares the replay's values with an eager run's")
+@pytest.mark.needs_values("verify=True compares the replay's values with an eager run's")
 def test_a_verified_replay_runs_nested_graphed_calls_eagerly(device):
     # Review 4, #6: the verifier's eager run was outside the call-depth guard, so the nested
     # call became a top-level call of the locked tree: recorded under the outer node, advancing

@@ -53,7 +53,7 @@ _lib.impl("peek_base", lambda x: x.as_strided((2,), (1,), 0).clone(), "Composite
 # --- 1. the same tensor at a static and a copied position -----------------------------------
 
 
-@pytest.mark.needs_kernels("add_ and mul compute the values")
+@pytest.mark.needs_values("add_ and mul compute the values")
 def test_issue_repro_the_same_tensor_static_and_copied(device):
     g = cudagraphify(lambda a, b: (b.add_(1), a * 2)[1], static_argnums=(0,))
     x = torch.zeros(4, device=device)
@@ -122,7 +122,7 @@ def test_a_mutation_without_a_version_bump_is_written_back(device, how):
         assert values(out).tolist() == [i + 1.0] * 4
 
 
-@pytest.mark.needs_kernels("add_ computes the values")
+@pytest.mark.needs_values("add_ computes the values")
 def test_issue_repro_a_library_op_mutating_a_cache_five_times(device):
     g = cudagraphify(lambda c: (torch.ops.graphtrees_test39.add_one_(c), c * 1)[1])
     cache = torch.zeros(4, device=device)
@@ -148,7 +148,7 @@ def test_a_write_no_op_shows_is_written_back_or_refused():
 # --- 3. on_overwrite="copy" with an input that is a live pool output ------------------------
 
 
-@pytest.mark.needs_kernels("add_ and mul compute the values")
+@pytest.mark.needs_values("add_ and mul compute the values")
 def test_issue_repro_copy_on_overwrite_keeps_the_mutation_of_a_live_output(device):
     g = cudagraphify(lambda h, inc: (h.add_(inc), h * 2)[1], on_overwrite="copy")
     h = torch.zeros(4, device=device)

@@ -233,6 +233,34 @@ void CudaBackend::endAllocateToPool() {
               " tree: ", error);
 }
 
+// Note [Locks around user code] in DeviceLock.h: the routing is this thread's own.
+std::vector<at::Tensor> CudaBackend::runRouted(const RunFn& run,
+                                               const std::vector<at::Tensor>& ins) {
+  if (limit_.capped()) {  // not lent (Note [Memory budget] above MemoryLimit): held as a capture's
+    DeviceLock::CapturingUserCode held(device_.index());
+    return run(ins);
+  }
+  DeviceLock::Lent lent(device_.index());
+  // torch 2.11: a capture that began on another thread while this code runs would make its CUDA
+  // random numbers raise; the capture waits for the gate instead (Note [Random numbers while a
+  // graph is captured]). Released before the lock is taken back.
+  CaptureGate gate(device_.index(), /*exclusive=*/false);
+  return run(ins);
+}
+
+std::string CudaBackend::capturingElsewhere() const {
+  if (!DeviceLock::capturingUserCodeElsewhere(device_.index())) return std::string();
+  return "it was called while another thread's capture (or warmup under a memory budget) on " +
+         device_.str() +
+         " ran user code (a thread that the captured function starts and joins, say) and held the "
+         "device, which its warmup or recording needs";
+}
+
+std::string CudaBackend::awaitCapturesElsewhere() {
+  if (!DeviceLock::awaitCaptureElsewhere(device_.index(), kCapturePatience)) return std::string();
+  return capturingElsewhere() + " (waited " + std::to_string(kCapturePatience.count()) + " ms)";
+}
+
 // Note [Rejected captures on CUDA]
 // A capture fails when the function does something a stream capture forbids. Two kinds:
 //   - the stream capture is invalidated: a host sync (.item(), printing, x[mask], nonzero) or an
@@ -330,6 +358,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     bool injected = false;
     try {
       DeviceCaptureScope no_frees;  // Note [Freeing during a capture] in ThreadState.h
+      DeviceLock::CapturingUserCode busy(device_.index());  // Note [Locks around user code]
       *outputs = run(inputs);
       if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
         // A real invalidation: querying a capturing stream is forbidden during a capture.

@@ -56,6 +56,9 @@ class CudaBackend final : public Backend {
   void releasePool() override;
   void beginAllocateToPool() override;
   void endAllocateToPool() override;
+  std::vector<at::Tensor> runRouted(const RunFn& run, const std::vector<at::Tensor>& ins) override;
+  std::string capturingElsewhere() const override;
+  std::string awaitCapturesElsewhere() override;
   std::unique_ptr<Graph> capture(const RunFn& run, const std::vector<at::Tensor>& inputs,
                                  std::vector<at::Tensor>* outputs,
                                  const CaptureSpec& spec) override;

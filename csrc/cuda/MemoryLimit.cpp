@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
 
 namespace graphtrees {
@@ -30,10 +32,31 @@ int64_t releasableBytes(c10::DeviceIndex device) {
   return bytes;
 }
 
+// The limits applied on one device (Note [Memory budget] above MemoryLimit).
+struct Applied {
+  std::mutex mutex;
+  double user_fraction = 1.0;  // while any is applied
+  std::map<const MemoryLimit*, double> fractions;
+};
+
+Applied& appliedOn(c10::DeviceIndex device) {
+  static std::mutex guard;
+  static auto* applied = new std::map<c10::DeviceIndex, Applied>();  // never freed
+  std::lock_guard<std::mutex> lock(guard);
+  return (*applied)[device];
+}
+
+// The fraction the device gets: the user's, lowered by every limit applied.
+double lowest(const Applied& a) {
+  double f = a.user_fraction;
+  for (const auto& kv : a.fractions) f = std::min(f, kv.second);
+  return f;
+}
+
 }  // namespace
 
 void MemoryLimit::apply(int64_t pool_reserved) {
-  if (limit_ < 0 || saved_fraction_) return;
+  if (limit_ < 0 || applied_) return;
   size_t free_bytes = 0;
   size_t total_bytes = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -44,17 +67,31 @@ void MemoryLimit::apply(int64_t pool_reserved) {
   const int64_t device_reserved = CCA::getDeviceStats(device_).reserved_bytes[agg].current;
   const int64_t kept_elsewhere = device_reserved - releasableBytes(device_) - pool_reserved;
   const int64_t allowed = std::max<int64_t>(kept_elsewhere, 0) + limit_;
-  saved_fraction_ = CCA::getMemoryFraction(device_);
   const double fraction = static_cast<double>(std::max<int64_t>(allowed, 0)) /
                           static_cast<double>(std::max<size_t>(total_bytes, 1));
-  CCA::setMemoryFraction(std::min(fraction, *saved_fraction_), device_);
+  Applied& a = appliedOn(device_);
+  std::lock_guard<std::mutex> lock(a.mutex);
+  if (a.fractions.empty()) a.user_fraction = CCA::getMemoryFraction(device_);
+  a.fractions[this] = fraction;
+  applied_ = true;
+  CCA::setMemoryFraction(lowest(a), device_);
 }
 
 void MemoryLimit::lift() {
-  if (!saved_fraction_) return;
-  const double saved = *saved_fraction_;
-  saved_fraction_.reset();
-  CCA::setMemoryFraction(saved, device_);
+  if (!applied_) return;
+  applied_ = false;
+  Applied& a = appliedOn(device_);
+  std::lock_guard<std::mutex> lock(a.mutex);
+  a.fractions.erase(this);
+  CCA::setMemoryFraction(lowest(a), device_);
+}
+
+MemoryLimit::~MemoryLimit() {
+  try {
+    lift();
+  } catch (const std::exception& e) {
+    GRAPHTREES_LOG(LogLevel::kWarning, std::string("restoring the memory fraction: ") + e.what());
+  }
 }
 
 MemoryLimit::Scope::~Scope() {

@@ -6,22 +6,32 @@
 // pool may grow up to the cap; c10 then fails the allocation with its out-of-memory error.
 // Another thread allocating on the device in that window is bounded too (docs/serving.md, "Memory
 // budget and out of memory"). Applied and lifted under the device's allocation lock (Note [One
-// allocation phase per device] in DeviceLock.h), so that the fraction saved is always the one the
-// user set.
+// allocation phase per device] in DeviceLock.h). A warmup lends that lock out while the user's
+// code runs (Note [Locks around user code]), but not the warmup of a tree with a budget: the
+// fraction it applied counts only its own pool's growth, so a second budgeted warmup beside it
+// would run out of memory under the first one's fraction although each pool stayed under its
+// own cap (found in review, reproduced on the CUDA stand-in). So at most one limit is applied on
+// a device at a time; the device still keeps one record of them (the fraction the user set,
+// saved when the first is applied and put back when the last is lifted, and in between the
+// lowest of the applied ones), which a limit applied by a capture and one by a warmup share.
 
 #include <c10/core/Device.h>
 
 #include <cstdint>
-#include <optional>
 
 namespace graphtrees {
 
 class MemoryLimit {
  public:
   explicit MemoryLimit(c10::DeviceIndex device) : device_(device) {}
+  // Lifts a limit still applied (the device keeps no entry for a limit that is gone).
+  ~MemoryLimit();
+  MemoryLimit(const MemoryLimit&) = delete;
+  MemoryLimit& operator=(const MemoryLimit&) = delete;
 
   // The cap on the pool's reserved bytes; -1 removes it.
   void setBytes(int64_t bytes) { limit_ = bytes; }
+  bool capped() const { return limit_ >= 0; }
   // Lowers the device's fraction so that a pool that reserves `pool_reserved` bytes now can grow
   // to the cap and no further. Nothing without a cap, or while applied already.
   void apply(int64_t pool_reserved);
@@ -43,7 +53,7 @@ class MemoryLimit {
  private:
   c10::DeviceIndex device_;
   int64_t limit_ = -1;
-  std::optional<double> saved_fraction_;  // while applied
+  bool applied_ = false;
 };
 
 }  // namespace graphtrees

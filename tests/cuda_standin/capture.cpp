@@ -199,6 +199,7 @@ CUgraphNode_st* addCaptureNode(CUstream_st* s, NodeData data) {
   CUgraph_st* g = s->capture->graph;
   auto node = std::make_unique<CUgraphNode_st>();
   if (data.kind == NodeKind::kKernel) stats().kernel_nodes++;
+  if (data.kind == NodeKind::kHost) stats().host_nodes++;
   node->data = std::move(data);
   node->deps = s->deps;
   node->graph = g;
@@ -207,6 +208,7 @@ CUgraphNode_st* addCaptureNode(CUstream_st* s, NodeData data) {
   g->nodes.push_back(std::move(node));
   s->deps.assign(1, raw);
   s->dep_edges.assign(1, cudaGraphEdgeData{});
+  noteValuesNode(s, raw);
   return raw;
 }
 
@@ -585,13 +587,35 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   graphExec->launches++;
   stats().graph_launches++;
-  enqueue(s, "graph launch", [nodes = graphExec->nodes] {
+  // A launch holds the executable's user objects until it has run, as a driver does: a graph
+  // destroyed with a launch still queued (deferred mode) keeps what its host work points to (the
+  // value engine's computations) alive until then (found in review: a use after free).
+  std::vector<std::pair<CUuserObject_st*, unsigned>> held = graphExec->user_objects;
+  for (auto& uo : held) uo.first->refs += uo.second;
+  enqueue(s, "graph launch", [nodes = graphExec->nodes, held] {
     for (const NodeData& n : *nodes) {
       executeNode(n, "graph replay");
-      if (stickyError() != cudaSuccess) return;
+      if (stickyError() != cudaSuccess) break;
     }
+    for (const auto& uo : held) releaseUserObject(uo.first, uo.second);
   });
   return cudaSuccess;
+}
+
+extern "C" __attribute__((visibility("default"))) int standin_values_attach(void* stream,
+                                                                            void (*fn)(void*),
+                                                                            void* data) {
+  Lock lock;
+  CUstream_st* s = resolveStream(static_cast<cudaStream_t>(stream), "standin_values_attach");
+  if (s == nullptr || s->capture == nullptr) return 0;
+  CUgraphNode_st* n = valuesNode(s);
+  if (n == nullptr || n->graph != s->capture->graph || s->deps.size() != 1 || s->deps[0] != n ||
+      n->data.then_fn != nullptr) {
+    return 0;
+  }
+  n->data.then_fn = fn;
+  n->data.then_data = data;
+  return 1;
 }
 
 cudaError_t cudaGraphDebugDotPrint(cudaGraph_t graph, const char* path, unsigned int /*flags*/) {

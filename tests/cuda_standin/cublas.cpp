@@ -45,8 +45,10 @@ bool valid(const Handle* h) {
   return h != nullptr && h->magic == 0x57A4D1A5;
 }
 
-Status kernel(const char* routine, cudaStream_t stream) {
-  const int e = standin_launch(routine, stream, 1, 128);
+// `out`: the device matrix the routine writes, if known: in the value mode, a call that no engine
+// op computes (cuBLAS called outside the dispatcher) marks it unknown (Note [Stand-in values]).
+Status kernel(const char* routine, cudaStream_t stream, void* out = nullptr) {
+  const int e = standin_launch_writes(routine, stream, 1, 128, out);
   return e == 0 ? kSuccess : kInvalidValue;
 }
 
@@ -175,10 +177,40 @@ EXPORT Status cublasGetVectorAsync(int n, int elemSize, const void* x, int incx,
     return kernel(#name, handle->stream);       \
   }
 
+// The GEMMs name the matrix they write (C), for the value mode.
+#define GEMM(name)                                                                           \
+  EXPORT Status name(Handle* handle, int, int, int, int, int, const void*, const void*, int, \
+                     const void*, int, const void*, void* C, int) {                          \
+    if (!valid(handle)) return kNotInitialized;                                              \
+    return kernel(#name, handle->stream, C);                                                 \
+  }
+#define GEMM_STRIDED(name)                                                                         \
+  EXPORT Status name(Handle* handle, int, int, int, int, int, const void*, const void*, int,       \
+                     long long, const void*, int, long long, const void*, void* C, int, long long, \
+                     int) {                                                                        \
+    if (!valid(handle)) return kNotInitialized;                                                    \
+    return kernel(#name, handle->stream, C);                                                       \
+  }
+EXPORT Status cublasGemmEx(Handle* handle, int, int, int, int, int, const void*, const void*, int,
+                           int, const void*, int, int, const void*, void* C, int, int, int, int) {
+  if (!valid(handle)) return kNotInitialized;
+  return kernel("cublasGemmEx", handle->stream, C);
+}
+EXPORT Status cublasGemmStridedBatchedEx(Handle* handle, int, int, int, int, int, const void*,
+                                         const void*, int, int, long long, const void*, int, int,
+                                         long long, const void*, void* C, int, int, long long, int,
+                                         int, int) {
+  if (!valid(handle)) return kNotInitialized;
+  return kernel("cublasGemmStridedBatchedEx", handle->stream, C);
+}
+
 // clang-format off
+GEMM(cublasSgemm_v2) GEMM(cublasDgemm_v2) GEMM(cublasCgemm_v2) GEMM(cublasZgemm_v2)
+GEMM_STRIDED(cublasSgemmStridedBatched) GEMM_STRIDED(cublasDgemmStridedBatched)
+GEMM_STRIDED(cublasCgemmStridedBatched) GEMM_STRIDED(cublasZgemmStridedBatched)
 #define FOR_EACH_TYPED(X, S, D, C, Z) X(S) X(D) X(C) X(Z)
 #define TYPED(stem) FOR_EACH_TYPED(ROUTINE, cublasS##stem, cublasD##stem, cublasC##stem, cublasZ##stem)
-TYPED(gemm_v2) TYPED(gemmBatched) TYPED(gemmStridedBatched) TYPED(gemv_v2)
+TYPED(gemmBatched) TYPED(gemv_v2)
 TYPED(axpy_v2) TYPED(copy_v2) TYPED(scal_v2) TYPED(swap_v2) TYPED(rot_v2) TYPED(rotg_v2)
 TYPED(symm_v2) TYPED(symv_v2) TYPED(syr_v2) TYPED(syr2_v2) TYPED(syr2k_v2) TYPED(syrk_v2)
 TYPED(trmm_v2) TYPED(trmv_v2) TYPED(trsm_v2) TYPED(trsmBatched) TYPED(trsv_v2)
@@ -196,7 +228,7 @@ ROUTINE(cublasCsrot_v2) ROUTINE(cublasZdrot_v2) ROUTINE(cublasCsscal_v2) ROUTINE
 ROUTINE(cublasChemm_v2) ROUTINE(cublasZhemm_v2) ROUTINE(cublasChemv_v2) ROUTINE(cublasZhemv_v2)
 ROUTINE(cublasCher_v2) ROUTINE(cublasZher_v2) ROUTINE(cublasCher2_v2) ROUTINE(cublasZher2_v2)
 ROUTINE(cublasCher2k_v2) ROUTINE(cublasZher2k_v2) ROUTINE(cublasCherk_v2) ROUTINE(cublasZherk_v2)
-ROUTINE(cublasGemmEx) ROUTINE(cublasGemmStridedBatchedEx) ROUTINE(cublasSgemmEx)
+ROUTINE(cublasSgemmEx)
 ROUTINE(cublasGemmBatchedEx)
 // clang-format on
 
@@ -292,7 +324,7 @@ EXPORT Status cublasLtMatmulAlgoGetHeuristic(void* handle, void* /*desc*/, void*
 
 EXPORT Status cublasLtMatmul(void* handle, void* desc, const void* /*alpha*/, const void* /*A*/,
                              void* /*Adesc*/, const void* /*B*/, void* /*Bdesc*/,
-                             const void* /*beta*/, const void* /*C*/, void* /*Cdesc*/, void* /*D*/,
+                             const void* /*beta*/, const void* /*C*/, void* /*Cdesc*/, void* D,
                              void* /*Ddesc*/, const LtAlgo* /*algo*/, void* workspace,
                              size_t workspaceSize, cudaStream_t stream) {
   if (handle == nullptr || desc == nullptr) return kNotInitialized;
@@ -300,7 +332,7 @@ EXPORT Status cublasLtMatmul(void* handle, void* desc, const void* /*alpha*/, co
     report("cublasLtMatmul: the workspace is not live device memory of that size");
     return kInvalidValue;
   }
-  return kernel("cublasLtMatmul", stream);
+  return kernel("cublasLtMatmul", stream, D);
 }
 
 #endif  // STANDIN_CUBLASLT

@@ -813,10 +813,11 @@ CUresult cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache /*config*/) {
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
                         unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
-                        void** /*kernelParams*/, void** /*extra*/) {
+                        void** kernelParams, void** /*extra*/) {
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   return toResult(launch(f->name, dim3(gridDimX, gridDimY, gridDimZ),
-                         dim3(blockDimX, blockDimY, blockDimZ), sharedMemBytes, hStream, f));
+                         dim3(blockDimX, blockDimY, blockDimZ), sharedMemBytes, hStream, f,
+                         kernelParams));
 }
 
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,

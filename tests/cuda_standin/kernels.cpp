@@ -62,7 +62,7 @@ void setKernelName(const void* key, const char* name) {
 }
 
 cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
-                   const void* func_key) {
+                   const void* func_key, void** params) {
   Lock lock;
   if (stickyError() != cudaSuccess) return setError(stickyError());
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
@@ -90,6 +90,17 @@ cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t shmem, cudaSt
   cudaError_t e = captureCheck(s, name, &captured);
   if (e != cudaSuccess) return e;
   launchCounts()[name]++;
+  // The value mode: a kernel that no engine op computes leaves unknown values wherever its
+  // pointer arguments point, each time it runs (Note [Stand-in values] in values.cpp).
+  std::shared_ptr<const std::vector<std::pair<uintptr_t, size_t>>> unknown;
+  if (valuesEngine() && !valuesComputing()) {
+    noteUncomputedLaunch(name);
+    auto ranges = pointerArgRanges(params);
+    if (!ranges.empty()) {
+      unknown =
+          std::make_shared<const std::vector<std::pair<uintptr_t, size_t>>>(std::move(ranges));
+    }
+  }
   if (captured) {
     NodeData n;
     n.kind = NodeKind::kKernel;
@@ -97,11 +108,18 @@ cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t shmem, cudaSt
     n.grid = grid;
     n.block = block;
     n.shmem = shmem;
+    n.unknown = std::move(unknown);
     addCaptureNode(s, std::move(n));
     return cudaSuccess;
   }
   stats().kernel_launches++;
-  enqueue(s, "kernel", nullptr);
+  if (unknown != nullptr) {
+    enqueue(s, "kernel", [unknown] {
+      for (const auto& r : *unknown) markUnknown(r.first, r.second);
+    });
+  } else {
+    enqueue(s, "kernel", nullptr);
+  }
   return cudaSuccess;
 }
 
@@ -163,30 +181,29 @@ cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* hostFun) {
   return cudaSuccess;
 }
 
-cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void** /*args*/,
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void** args,
                                size_t sharedMem, cudaStream_t stream) {
   Lock lock;
-  return launch(kernelName(kernel), gridDim, blockDim, sharedMem, stream, kernel);
+  return launch(kernelName(kernel), gridDim, blockDim, sharedMem, stream, kernel, args);
 }
 
-cudaError_t cudaLaunchKernel(const void* func, dim3 gridDim, dim3 blockDim, void** /*args*/,
+cudaError_t cudaLaunchKernel(const void* func, dim3 gridDim, dim3 blockDim, void** args,
                              size_t sharedMem, cudaStream_t stream) {
   Lock lock;
-  return launch(kernelName(func), gridDim, blockDim, sharedMem, stream, func);
+  return launch(kernelName(func), gridDim, blockDim, sharedMem, stream, func, args);
 }
 
-cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 gridDim, dim3 blockDim,
-                                        void** /*args*/, size_t sharedMem, cudaStream_t stream) {
+cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 gridDim, dim3 blockDim, void** args,
+                                        size_t sharedMem, cudaStream_t stream) {
   Lock lock;
-  return launch(kernelName(func), gridDim, blockDim, sharedMem, stream, func);
+  return launch(kernelName(func), gridDim, blockDim, sharedMem, stream, func, args);
 }
 
-cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func,
-                                void** /*args*/) {
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
   if (config == nullptr) return setError(cudaErrorInvalidValue);
   Lock lock;
   return launch(kernelName(func), config->gridDim, config->blockDim, config->dynamicSmemBytes,
-                config->stream, func);
+                config->stream, func, args);
 }
 
 // ---- function attributes and occupancy --------------------------------------------------------
@@ -282,6 +299,17 @@ __attribute__((visibility("default"))) int standin_launch(const char* name, void
   Lock lock;
   const cudaError_t e = launch(name, dim3(grid_x, 1, 1), dim3(block_x, 1, 1), 0,
                                static_cast<cudaStream_t>(stream), name);
+  return static_cast<int>(e);
+}
+
+__attribute__((visibility("default"))) int standin_launch_writes(const char* name, void* stream,
+                                                                 unsigned grid_x, unsigned block_x,
+                                                                 void* out) {
+  Lock lock;
+  void* slots[24] = {};  // the argument array pointerArgRanges reads: &out, then nothing
+  slots[0] = &out;
+  const cudaError_t e = launch(name, dim3(grid_x, 1, 1), dim3(block_x, 1, 1), 0,
+                               static_cast<cudaStream_t>(stream), name, out ? slots : nullptr);
   return static_cast<int>(e);
 }
 

@@ -3,10 +3,14 @@
 #include "standin.h"
 
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 // Note [Stand-in memory]
 // Device memory is host memory that host code cannot touch: cudaMalloc (and cudaMallocAsync, a
@@ -33,6 +37,12 @@
 // call, as the runtime does) and is refused inside a capture. cudaFree and cudaFreeHost wait
 // for the whole device, as they do on a GPU. The stream-ordered allocator (cudaMallocAsync) is
 // eager; inside a capture it would need memory-allocation nodes, which are not modelled.
+// The value mode (Note [Stand-in values] in values.cpp) reads and writes device bytes only through
+// standin_host_view (the allocation's view, in the engine's host work); it keeps here the ranges
+// of device bytes whose values are unknown: a copy carries its source's state, a memset and a
+// freed allocation are known, a kernel no engine op computed makes its arguments' memory unknown
+// (kernels.cpp). A device-to-host copy made while an engine op computes is refused: that op's
+// CUDA kernel reads values the engine computes only after it.
 
 namespace standin {
 
@@ -226,6 +236,15 @@ cudaError_t copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, siz
   cudaError_t e = checkSide(dst, dext, dst_dev, call, "the destination");
   if (e == cudaSuccess) e = checkSide(src, sext, src_dev, call, "the source");
   if (e != cudaSuccess) return e;
+  if (valuesComputing() && src_dev && !dst_dev) {
+    // Note [Stand-in values] (values.cpp): the op's own CUDA kernel reads device values back
+    // (a count, a flag) that the engine computes only after it, in stream order.
+    return fail(cudaErrorNotSupported,
+                "value mode: %s copies device memory to the host inside its CUDA kernel, so it "
+                "would read values not computed yet: it belongs in values.cpp's table of "
+                "data-dependent ops (computed first)",
+                valuesOp());
+  }
   CUstream_st* s = sync ? legacyStream() : resolveStream(stream, call);
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "%s: unknown stream %s", call, hex(stream).c_str());
@@ -240,6 +259,7 @@ cudaError_t copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, siz
   n.spitch = height > 1 ? spitch : width;
   n.dst_known = ds != Side::kPageable;
   n.src_known = ss != Side::kPageable;
+  n.op_computes = valuesComputing() && dst_dev && src_dev;
   // A pageable destination makes the call synchronous; a pageable source is staged.
   const bool host_sync = sync || (!dst_dev && ds == Side::kPageable);
   const void* pageable_src = (!src_dev && ss == Side::kPageable) ? src : nullptr;
@@ -335,9 +355,21 @@ void poison(void* p, size_t n) {
   if (config().poison >= 0) std::memset(p, config().poison, n);
 }
 
-// A node's work: copies and memsets move bytes after checking that their device ranges are still
-// allocated (a fault otherwise); kernels are counted only; host functions run.
+namespace {
+bool executeWork(const NodeData& n, const char* where);
+}  // namespace
+
+// A node's work, then the value engine's computation attached to it, if the work did not fault.
 void executeNode(const NodeData& n, const char* where) {
+  if (executeWork(n, where) && n.then_fn != nullptr) {
+    runUnlocked([&] { n.then_fn(n.then_data); });
+  }
+}
+
+namespace {
+// A node's work: copies and memsets move bytes after checking that their device ranges are still
+// allocated (a fault otherwise: false); kernels are counted only; host functions run.
+bool executeWork(const NodeData& n, const char* where) {
   switch (n.kind) {
     case NodeKind::kMemcpy: {
       const size_t dext = (n.height - 1) * n.dpitch + n.width;
@@ -345,28 +377,38 @@ void executeNode(const NodeData& n, const char* where) {
       if (n.dst_known && !inside(n.dst, dext, findAllocation(n.dst))) {
         deviceFault("%s (%s): writes [%s, +%zu), which is no longer allocated", where,
                     n.name.c_str(), hex(n.dst).c_str(), dext);
-        return;
+        return false;
       }
       if (n.src_known && !inside(n.src, sext, findAllocation(n.src))) {
         deviceFault("%s (%s): reads [%s, +%zu), which is no longer allocated", where,
                     n.name.c_str(), hex(n.src).c_str(), sext);
-        return;
+        return false;
       }
+      if (n.op_computes) return true;
       char* dst = static_cast<char*>(hostView(n.dst));
       const char* src = static_cast<const char*>(hostView(n.src));
       for (size_t r = 0; r < n.height; ++r) {
         std::memmove(dst + r * n.dpitch, src + r * n.spitch, n.width);
       }
+      // The value mode: a copy carries its source's knownness (host bytes are known); one that
+      // brings unknown bytes to the host is counted (conftest.py names the tests that did).
+      if (anyUnknown(reinterpret_cast<uintptr_t>(n.src), sext)) {
+        if (!isDeviceRange(n.dst, dext)) stats().unknown_reads++;
+        markUnknown(reinterpret_cast<uintptr_t>(n.dst), dext);
+      } else {
+        markKnown(reinterpret_cast<uintptr_t>(n.dst), dext);
+      }
       stats().copies++;
-      return;
+      return true;
     }
     case NodeKind::kMemset: {
       const size_t ext = (n.height - 1) * n.dpitch + n.width * n.elem;
       if (!isDeviceRange(n.dst, ext)) {
         deviceFault("%s (%s): sets [%s, +%zu), which is no longer allocated", where, n.name.c_str(),
                     hex(n.dst).c_str(), ext);
-        return;
+        return false;
       }
+      if (n.op_computes) return true;
       char* dst = static_cast<char*>(hostView(n.dst));
       for (size_t r = 0; r < n.height; ++r) {
         char* row = dst + r * n.dpitch;
@@ -380,24 +422,230 @@ void executeNode(const NodeData& n, const char* where) {
           for (size_t i = 0; i < n.width; ++i) q[i] = n.value;
         }
       }
+      markKnown(reinterpret_cast<uintptr_t>(n.dst), ext);
       stats().copies++;
-      return;
+      return true;
     }
     case NodeKind::kHost:
-      if (n.fn != nullptr) n.fn(n.user_data);
-      return;
+      if (n.fn != nullptr) runUnlocked([&] { n.fn(n.user_data); });
+      return true;
     case NodeKind::kEventRecord:
       if (n.event != nullptr) n.event->time_ms = nowMs();
-      return;
+      return true;
     case NodeKind::kKernel:
+      if (n.unknown != nullptr) {
+        for (const auto& r : *n.unknown) markUnknown(r.first, r.second);
+      }
+      return true;
     case NodeKind::kEmpty:
-      return;
+      return true;
   }
+  return true;
+}
+}  // namespace
+
+// ---- the value mode's bookkeeping (Note [Stand-in values] in values.cpp) ----------------------
+
+namespace {
+std::atomic<bool> values_engine{false};
+thread_local int values_depth = 0;
+thread_local const char* values_op = "";
+thread_local CUstream_st* values_node_stream = nullptr;  // noteValuesNode
+thread_local CUgraphNode_st* values_node = nullptr;
+// Unknown device bytes: disjoint [start, end) intervals, start -> end. Its own mutex, so that the
+// engine's host work (which runs without the stand-in's lock) marks and asks cheaply; `unknown_n`
+// lets the common case (nothing unknown) skip the mutex.
+std::mutex& unknownMutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::map<uintptr_t, uintptr_t>& unknownRanges() {
+  static auto* m = new std::map<uintptr_t, uintptr_t>();
+  return *m;
+}
+std::atomic<size_t> unknown_n{0};
+std::atomic<int64_t> uncomputed{0};
+std::string& lastUncomputed() {
+  static auto* s = new std::string();
+  return *s;
+}
+
+// Removes [lo, hi) from the set (the lock held).
+void eraseRange(std::map<uintptr_t, uintptr_t>& m, uintptr_t lo, uintptr_t hi) {
+  auto it = m.upper_bound(lo);
+  if (it != m.begin()) --it;
+  while (it != m.end() && it->first < hi) {
+    const uintptr_t s = it->first, e = it->second;
+    if (e <= lo) {
+      ++it;
+      continue;
+    }
+    it = m.erase(it);
+    if (s < lo) m[s] = lo;
+    if (e > hi) {
+      m[hi] = e;
+      break;
+    }
+  }
+}
+
+// Reads 8 bytes at `addr` without faulting (an address that is not readable answers false).
+bool safeRead(uintptr_t addr, uint64_t* out) {
+  struct iovec local{out, sizeof(*out)};
+  struct iovec remote{reinterpret_cast<void*>(addr), sizeof(*out)};
+  return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == sizeof(*out);
+}
+}  // namespace
+
+void noteValuesNode(CUstream_st* s, CUgraphNode_st* node) {
+  if (values_depth == 0) return;
+  const NodeKind k = node->data.kind;
+  if (k != NodeKind::kKernel && k != NodeKind::kMemcpy && k != NodeKind::kMemset) return;
+  values_node_stream = s;
+  values_node = node;
+}
+
+CUgraphNode_st* valuesNode(CUstream_st* s) {
+  return values_node_stream == s ? values_node : nullptr;
+}
+
+bool valuesEngine() {
+  return values_engine.load(std::memory_order_relaxed);
+}
+bool valuesComputing() {
+  return values_depth > 0;
+}
+const char* valuesOp() {
+  return values_op;
+}
+
+void markUnknown(uintptr_t p, size_t n) {
+  if (n == 0) return;
+  std::lock_guard<std::mutex> g(unknownMutex());
+  auto& m = unknownRanges();
+  uintptr_t lo = p, hi = p + n;
+  // Merge with the neighbours it overlaps or touches.
+  auto it = m.upper_bound(lo);
+  if (it != m.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second >= lo) {
+      lo = prev->first;
+      hi = std::max(hi, prev->second);
+      m.erase(prev);
+    }
+  }
+  it = m.lower_bound(lo);
+  while (it != m.end() && it->first <= hi) {
+    hi = std::max(hi, it->second);
+    it = m.erase(it);
+  }
+  m[lo] = hi;
+  unknown_n.store(m.size(), std::memory_order_release);
+}
+
+void markKnown(uintptr_t p, size_t n) {
+  if (n == 0 || unknown_n.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard<std::mutex> g(unknownMutex());
+  eraseRange(unknownRanges(), p, p + n);
+  unknown_n.store(unknownRanges().size(), std::memory_order_release);
+}
+
+bool anyUnknown(uintptr_t p, size_t n) {
+  if (n == 0 || unknown_n.load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard<std::mutex> g(unknownMutex());
+  auto& m = unknownRanges();
+  auto it = m.upper_bound(p);
+  if (it != m.begin() && std::prev(it)->second > p) return true;
+  return it != m.end() && it->first < p + n;
+}
+
+std::vector<std::pair<uintptr_t, size_t>> pointerArgRanges(void** params) {
+  std::vector<std::pair<uintptr_t, size_t>> out;
+  if (params == nullptr) return out;
+  // The argument count is in the kernel's image, which the stand-in does not parse: read up to
+  // kMax slots (past the real ones they hold whatever follows the array; a stray device pointer
+  // among them only marks more memory unknown, never less).
+  constexpr int kMax = 24;
+  for (int i = 0; i < kMax; ++i) {
+    uint64_t slot = 0, value = 0;
+    if (!safeRead(reinterpret_cast<uintptr_t>(params + i), &slot)) break;
+    if (slot == 0 || !safeRead(slot, &value)) continue;
+    const Allocation* a = findAllocation(reinterpret_cast<const void*>(value));
+    if (a == nullptr || !isDeviceKind(a->kind)) continue;
+    out.emplace_back(value, a->base + a->size - value);
+  }
+  return out;
+}
+
+void noteUncomputedLaunch(const char* name) {
+  uncomputed++;
+  std::lock_guard<std::mutex> g(unknownMutex());
+  lastUncomputed() = name;
 }
 
 }  // namespace standin
 
 using namespace standin;
+
+extern "C" {
+
+__attribute__((visibility("default"))) void* standin_host_view(const void* p, size_t n) {
+  Lock lock;
+  const Allocation* a = findAllocation(p);
+  if (a == nullptr || !isDeviceKind(a->kind) || !inside(p, n == 0 ? 1 : n, a)) {
+    fail(cudaErrorInvalidValue,
+         "standin_host_view(%s, %zu): not inside one live device allocation (or one contiguous "
+         "mapped run of an expandable segment)",
+         hex(p).c_str(), n);
+    return nullptr;
+  }
+  return hostView(p);
+}
+
+__attribute__((visibility("default"))) void standin_values_engine(int on) {
+  values_engine.store(on != 0);
+}
+__attribute__((visibility("default"))) int standin_values_active(void) {
+  return values_engine.load() ? 1 : 0;
+}
+__attribute__((visibility("default"))) void standin_values_enter(const char* op) {
+  if (values_depth++ == 0) {
+    values_op = op != nullptr ? op : "?";
+    values_node_stream = nullptr;
+    values_node = nullptr;
+  }
+}
+__attribute__((visibility("default"))) void standin_values_exit(void) {
+  values_depth--;
+}
+__attribute__((visibility("default"))) int standin_values_computing(void) {
+  return values_depth > 0 ? 1 : 0;
+}
+__attribute__((visibility("default"))) void standin_values_mark(const void* p, size_t n,
+                                                                int unknown) {
+  if (unknown) {
+    markUnknown(reinterpret_cast<uintptr_t>(p), n);
+  } else {
+    markKnown(reinterpret_cast<uintptr_t>(p), n);
+  }
+}
+__attribute__((visibility("default"))) int standin_values_unknown(const void* p, size_t n) {
+  return anyUnknown(reinterpret_cast<uintptr_t>(p), n == 0 ? 1 : n) ? 1 : 0;
+}
+__attribute__((visibility("default"))) void standin_values_note(const char* what) {
+  noteUncomputedLaunch(what);
+}
+
+__attribute__((visibility("default"))) int64_t standin_values_uncomputed(char* last_name,
+                                                                         size_t len) {
+  if (last_name != nullptr && len > 0) {
+    std::lock_guard<std::mutex> g(unknownMutex());
+    std::snprintf(last_name, len, "%s", lastUncomputed().c_str());
+  }
+  return uncomputed.load();
+}
+
+}  // extern "C"
 
 extern "C" {
 
@@ -445,6 +693,7 @@ cudaError_t cudaFree(void* devPtr) {
   }
   runAll();  // cudaFree waits for the device
   const Allocation gone = *a;
+  markKnown(gone.base, gone.size);  // the value mode: fresh memory is poison, not unknown
   unregisterAllocation(gone.base);
   releaseDeviceBytes(gone.size);
   unmapDevice(gone);

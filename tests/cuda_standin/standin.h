@@ -15,6 +15,9 @@
 //   Note [Stand-in driver]            driver.cpp   the driver API, virtual memory on mmap
 //   Note [Stand-in cuBLAS]            cublas.cpp   handles, workspaces and GEMMs as kernels
 //   Note [Unmodelled calls]           state.cpp    what the stand-in refuses, and how
+//   Note [Stand-in values]            values.cpp   the value mode: an engine (its own library)
+//                                                  computes each aten op on the host, in stream
+//                                                  order; unknown values
 //
 // Everything below is internal to libcudart.so.13; the other libraries reach it through the
 // exported standin_* functions (standin_api.h).
@@ -62,6 +65,11 @@ class Lock {
   Lock& operator=(const Lock&) = delete;
 };
 void afterUnlock(std::function<void()> fn);
+// Runs `fn` with the calling thread's hold on the lock released (all levels of it), then takes it
+// back: how host functions and host nodes run, as a driver runs them on its own thread without
+// an API lock (a host function may wait for the GIL that another thread, waiting for the
+// stand-in, holds).
+void runUnlocked(const std::function<void()>& fn);
 
 // ---- errors and reports ----------------------------------------------------------------------
 // Records `e` as the calling thread's last error and returns it (cudaSuccess leaves it alone).
@@ -221,21 +229,56 @@ struct NodeData {
   size_t width = 0, height = 1, dpitch = 0, spitch = 0;
   unsigned value = 0;
   unsigned elem = 1;  // memset element size: 1, 2 or 4 bytes
+  // A device copy or memset made by an op's own CUDA kernel while the value engine computes that
+  // op (Note [Stand-in values] in values.cpp): its bytes are the op's to compute, so it moves
+  // none -- an in-place op whose kernel copied into its input first would otherwise be computed
+  // from what that copy left (found by the OpInfo sweep: mvlgamma_).
+  bool op_computes = false;
   cudaHostFn_t fn = nullptr;
   void* user_data = nullptr;
   CUevent_st* event = nullptr;
+  // A kernel that no value engine op computes (Note [Stand-in values] in values.cpp): the device
+  // ranges its pointer arguments point into, marked unknown each time it runs.
+  std::shared_ptr<const std::vector<std::pair<uintptr_t, size_t>>> unknown;
+  // The value engine's computation of the op that captured this node, its last on the stream
+  // (standin_values_attach): run right after the node's own work, so that it sits wherever the
+  // op's kernel sits -- a conditional body, say, which takes no host node.
+  cudaHostFn_t then_fn = nullptr;
+  void* then_data = nullptr;
 };
 // Adds a node to s's capture after its current dependencies; they become {node}.
 CUgraphNode_st* addCaptureNode(CUstream_st* s, NodeData data);
 // Runs one node's work now (a replay, or a queued op); reports faults as device faults.
 void executeNode(const NodeData& n, const char* where);
+// The value mode: the last node an engine op (standin_values_enter) captured on this thread, and
+// its stream; noted by addCaptureNode, forgotten when the next op begins.
+void noteValuesNode(CUstream_st* s, CUgraphNode_st* node);
+CUgraphNode_st* valuesNode(CUstream_st* s);
 
 // ---- kernels ---------------------------------------------------------------------------------
 // Validates a launch and submits it to `stream` (a capture node or a queued no-op).
+// `params`: the kernel's argument pointers (cudaLaunchKernel's args, cuLaunchKernel's
+// kernelParams), read only for the value mode's coverage check; nullptr if unknown.
 cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
-                   const void* func_key);
+                   const void* func_key, void** params = nullptr);
 const char* kernelName(const void* host_fun);
 void resetLaunchCounts();
+
+// ---- the value mode (Note [Stand-in values] in values.cpp) -----------------------------------
+// Whether a value engine registered itself (standin_values_engine): only then is a launch that
+// no engine op computes marked unknown.
+bool valuesEngine();
+// Whether the calling thread is inside an engine op (standin_values_enter/exit), and its name.
+bool valuesComputing();
+const char* valuesOp();
+// Unknown-value bookkeeping of device bytes (its own mutex; callable without the lock).
+void markUnknown(uintptr_t p, size_t n);
+void markKnown(uintptr_t p, size_t n);
+bool anyUnknown(uintptr_t p, size_t n);
+// The device ranges that a kernel's pointer arguments point into (from each pointer to the end of
+// its allocation: the extent a kernel writes is not known), read without faulting.
+std::vector<std::pair<uintptr_t, size_t>> pointerArgRanges(void** params);
+void noteUncomputedLaunch(const char* name);
 
 // ---- helpers ---------------------------------------------------------------------------------
 std::string hex(const void* p);

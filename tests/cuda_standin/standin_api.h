@@ -32,6 +32,8 @@ typedef struct StandinStats {
   int64_t live_graphs;       // cudaGraph_t not destroyed
   int64_t live_execs;        // cudaGraphExec_t not destroyed
   int64_t vmm_mapped_bytes;  // bytes mapped through cuMemMap now
+  int64_t host_nodes;        // host nodes captured into graphs (cudaLaunchHostFunc)
+  int64_t unknown_reads;     // device-to-host copies that read bytes the value mode does not know
 } StandinStats;
 
 void standin_stats(StandinStats* out);
@@ -53,8 +55,42 @@ int64_t standin_kernel_count(const char* substring);
 void standin_reset_counters(void);
 // Submits a kernel by name to `stream` (a cudaStream_t): what the cuBLAS stand-in's GEMMs do.
 int standin_launch(const char* name, void* stream, unsigned grid_x, unsigned block_x);
+// standin_launch of a routine that writes the device memory at `out` (nullptr: unknown): the
+// cuBLAS stand-in's GEMMs, for the value mode's coverage check.
+int standin_launch_writes(const char* name, void* stream, unsigned grid_x, unsigned block_x,
+                          void* out);
 // Whether [p, p + n) lies in live device memory.
 int standin_is_device_memory(const void* p, size_t n);
+
+// ---- the value mode (Note [Stand-in values], tests/cuda_standin/values.cpp) ----
+// A host pointer aliasing device bytes [p, p + n) through the stand-in's private mapping, for the
+// value engine's host work; NULL (and a report) if the range is not inside one live device
+// allocation (an expandable segment's mapped chunks that are contiguous count as one).
+void* standin_host_view(const void* p, size_t n);
+// The engine announces itself; from then on a kernel launched while no engine op is computing
+// (standin_values_enter/exit, per thread) marks the device memory its pointer arguments point
+// into as unknown when it runs. `op` (a string that outlives the call) names the op computing:
+// a device-to-host copy while one computes means that op's CUDA kernel reads device values the
+// engine has not computed yet, and fails naming it.
+void standin_values_engine(int on);
+int standin_values_active(void);  // whether an engine announced itself
+void standin_values_enter(const char* op);
+void standin_values_exit(void);
+int standin_values_computing(void);
+// Marks [p, p + n) as unknown (1) or known (0): the engine's host work, in stream order.
+void standin_values_mark(const void* p, size_t n, int unknown);
+// Whether any byte of [p, p + n) is unknown.
+int standin_values_unknown(const void* p, size_t n);
+// Launches that no engine op computed, and the name of the last one ("" if none).
+int64_t standin_values_uncomputed(char* last_name, size_t len);
+// Counts and names (as the last uncomputed one) work the engine could not compute (an op with
+// no host kernel).
+void standin_values_note(const char* what);
+// Attaches `fn(data)` to the last node the current engine op captured on `stream`, if that node
+// is still the stream's last (run after the node's own work at every replay): 1 if attached; 0
+// if not (the stream is not capturing, or the op captured nothing there), and the caller makes a
+// host node instead.
+int standin_values_attach(void* stream, void (*fn)(void*), void* data);
 
 #ifdef __cplusplus
 }

@@ -149,6 +149,18 @@ void afterUnlock(std::function<void()> fn) {
   pending_callbacks->push_back(std::move(fn));
 }
 
+void runUnlocked(const std::function<void()>& fn) {
+  const int depth = lock_depth;
+  auto* callbacks = pending_callbacks;
+  lock_depth = 0;
+  pending_callbacks = nullptr;
+  for (int i = 0; i < depth; ++i) mutex().unlock();
+  fn();
+  for (int i = 0; i < depth; ++i) mutex().lock();
+  lock_depth = depth;
+  pending_callbacks = callbacks;
+}
+
 cudaError_t setError(cudaError_t e) {
   if (e != cudaSuccess) last_error = e;
   return e;

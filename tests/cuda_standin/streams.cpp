@@ -26,6 +26,10 @@
 //     on a GPU -- but deterministically.
 // What neither mode models: real concurrency between kernels (kernels never run), and timing.
 // Capture (Note [Stand-in captures]) diverts a capturing stream's work into its graph instead.
+// Host functions (cudaLaunchHostFunc, stream callbacks, host nodes of a replay) run without the
+// stand-in's lock (runUnlocked), as a driver runs them on its own thread with no API lock: a host
+// function that needs the GIL must not wait for a thread that holds the GIL and waits for the
+// stand-in. Meanwhile other threads' calls proceed.
 
 namespace standin {
 
@@ -136,7 +140,8 @@ void runUpTo(CUstream_st* s, uint64_t seq) {
     s->queue_head++;
     for (auto& w : op.waits) runUpTo(w.first, w.second);
     if (op.run) op.run();
-    s->done_seq = op.seq;
+    // A host function ran unlocked (runUnlocked): another thread may have run further meanwhile.
+    if (op.seq > s->done_seq) s->done_seq = op.seq;
   }
   if (s->queue_head == s->queue.size()) {
     s->queue.clear();
@@ -278,7 +283,9 @@ cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t call
     return fail(cudaErrorStreamCaptureUnsupported,
                 "cudaStreamAddCallback cannot be captured (use cudaLaunchHostFunc)");
   }
-  enqueue(s, "callback", [callback, stream, userData] { callback(stream, cudaSuccess, userData); });
+  enqueue(s, "callback", [callback, stream, userData] {
+    runUnlocked([&] { callback(stream, cudaSuccess, userData); });
+  });
   return cudaSuccess;
 }
 
@@ -299,7 +306,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userD
     addCaptureNode(s, std::move(n));
     return cudaSuccess;
   }
-  enqueue(s, "host function", [fn, userData] { fn(userData); });
+  enqueue(s, "host function", [fn, userData] { runUnlocked([&] { fn(userData); }); });
   return cudaSuccess;
 }
 
