@@ -52,8 +52,8 @@ namespace graphtrees {
 //   instead, and the calls that would need it meanwhile wait only a while, then run eagerly
 //   (Note [Locks around user code] there).
 // * the capture gate (torch 2.11 only, Note [Random numbers while a graph is captured]): taken
-//   exclusively inside the device lock by a capture, shared by a replay and by a warmup's run of
-//   the user's code, which hold no other lock of graphtrees then.
+//   exclusively inside the device lock by a capture, shared by a replay, which holds no other
+//   lock of graphtrees then.
 // * the tree lock (this file): recursive, held by a call for its length, lent around every run of
 //   the user's code (Note [User code outside the tree lock]), and while its call waits for the
 //   device lock -- which can happen in the middle of the tree's bookkeeping (a restore, a node's

@@ -922,6 +922,60 @@ print("ok")
     )
 
 
+def test_values_raw_cublas_gemms_compute_eagerly_and_in_replays():
+    # A GEMM called outside the dispatcher (a raw cuBLAS call, as an extension makes) is computed
+    # by the stand-in's cuBLAS in the value mode (Note [Stand-in cuBLAS values]): eagerly, and
+    # attached to its node in a capture, so each replay computes it from the new A.
+    run_with_values(
+        """
+import ctypes
+blas = ctypes.CDLL("libcublas.so.13")
+h = ctypes.c_void_p()
+assert blas.cublasCreate_v2(ctypes.byref(h)) == 0
+stream = torch.cuda.Stream()
+assert blas.cublasSetStream_v2(h, ctypes.c_void_p(stream.cuda_stream)) == 0
+P = ctypes.c_void_p
+
+def sgemm(a, b, c, alpha, beta):
+    # Row-major C = alpha A B + beta C is column-major C^T = alpha B^T A^T + beta C^T.
+    al, be = ctypes.c_float(alpha), ctypes.c_float(beta)
+    m, n, k = c.shape[1], c.shape[0], b.shape[0]
+    return blas.cublasSgemm_v2(
+        h, 0, 0, m, n, k, ctypes.byref(al), P(b.data_ptr()), m, P(a.data_ptr()), k,
+        ctypes.byref(be), P(c.data_ptr()), m,
+    )
+
+a_cpu, b_cpu, c_cpu = torch.randn(5, 3), torch.randn(3, 4), torch.randn(5, 4)
+a, b, c = a_cpu.cuda(), b_cpu.cuda(), c_cpu.cuda()
+torch.cuda.synchronize()
+with torch.cuda.stream(stream):
+    assert sgemm(a, b, c, 2.0, 0.5) == 0
+stream.synchronize()
+same(c, 2.0 * a_cpu @ b_cpu + 0.5 * c_cpu, rtol=1e-5, atol=1e-5)
+# In a capture: replays compute from the new A.
+out = torch.zeros(5, 4, device="cuda")
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g, stream=stream):
+    assert sgemm(a, b, out, 1.0, 0.0) == 0
+a.copy_(a_cpu + 1)
+g.replay()
+torch.cuda.synchronize()
+same(out, (a_cpu + 1) @ b_cpu, rtol=1e-5, atol=1e-5)
+# bfloat16 storage, float compute (cublasGemmEx).
+ab, bb = a_cpu.bfloat16().cuda(), b_cpu.bfloat16().cuda()
+cb = torch.zeros(5, 4, dtype=torch.bfloat16, device="cuda")
+al, be = ctypes.c_float(1.0), ctypes.c_float(0.0)
+with torch.cuda.stream(stream):
+    assert blas.cublasGemmEx(h, 0, 0, 4, 5, 3, ctypes.byref(al), P(bb.data_ptr()), 14, 4,
+                             P(ab.data_ptr()), 14, 3, ctypes.byref(be), P(cb.data_ptr()), 14, 4,
+                             68, -1) == 0
+stream.synchronize()
+same(cb, (a_cpu.bfloat16().float() @ b_cpu.bfloat16().float()).bfloat16(), rtol=2e-2, atol=2e-2)
+print("ok")
+"""
+    )
+
+
 def test_values_off_is_the_plain_standin():
     out = run_process(
         "import sys, torch\n"

@@ -240,25 +240,22 @@ std::vector<at::Tensor> CudaBackend::runRouted(const RunFn& run,
     DeviceLock::CapturingUserCode held(device_.index());
     return run(ins);
   }
+  // Not the capture gate (Note [Random numbers while a graph is captured]): a capture would wait
+  // for this code, which may wait for that capture.
   DeviceLock::Lent lent(device_.index());
-  // torch 2.11: a capture that began on another thread while this code runs would make its CUDA
-  // random numbers raise; the capture waits for the gate instead (Note [Random numbers while a
-  // graph is captured]). Released before the lock is taken back.
-  CaptureGate gate(device_.index(), /*exclusive=*/false);
   return run(ins);
 }
 
 std::string CudaBackend::capturingElsewhere() const {
   if (!DeviceLock::capturingUserCodeElsewhere(device_.index())) return std::string();
-  return "it was called while another thread's capture (or warmup under a memory budget) on " +
-         device_.str() +
-         " ran user code (a thread that the captured function starts and joins, say) and held the "
-         "device, which its warmup or recording needs";
+  return "it was called while another thread's capture (or budgeted warmup) on " + device_.str() +
+         " ran user code (a thread it starts and joins, say) and held the device";
 }
 
 std::string CudaBackend::awaitCapturesElsewhere() {
   if (!DeviceLock::awaitCaptureElsewhere(device_.index(), kCapturePatience)) return std::string();
-  return capturingElsewhere() + " (waited " + std::to_string(kCapturePatience.count()) + " ms)";
+  std::string why = capturingElsewhere();  // empty if the capture's code returned just now
+  return why.empty() ? why : why + " (waited " + std::to_string(kCapturePatience.count()) + " ms)";
 }
 
 // Note [Rejected captures on CUDA]

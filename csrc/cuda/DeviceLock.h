@@ -122,9 +122,11 @@ class DeviceLock {
 // generators too, so another thread's replay of a graph that draws random numbers would raise
 // (review 4, #3). The capture gate keeps the two apart: a capture holds it exclusively from
 // capture_begin() to the end of the capture, a replay of such a graph holds it shared (replays
-// still run side by side), and so does a warmup's run of the user's code, which lends the
-// device lock out (Note [Locks around user code]) and may draw random numbers while another thread
-// begins a capture. Waited for with the GIL released. torch >= 2.12 keeps one capture
+// still run side by side). Waited for with the GIL released. A warmup's run of the user's code
+// (which lends the device lock out: Note [Locks around user code]) does not hold it: a capture
+// would wait for that code, which may wait for the capture (a torch 2.11 run of the lock-order
+// test deadlocked so); its CUDA random numbers raise while another thread captures, as the
+// user's own eager ones do. torch >= 2.12 keeps one capture
 // state per capture id and needs no gate. Eager random ops of the user's own on other threads
 // cannot be gated: on torch 2.11 they raise while graphtrees records (docs/limitations.md).
 class CaptureGate {

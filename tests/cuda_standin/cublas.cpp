@@ -16,7 +16,8 @@
 // graph's pool and freed with it, is caught). Every BLAS routine torch calls -- GEMMs, batched
 // and strided GEMMs, GEMV, dot products, the batched factorisations -- and cublasLtMatmul are
 // submitted to the handle's (or the call's) stream as a kernel named after the routine, so an
-// nn.Linear records and replays like any other kernel, with no values. The matrix and vector
+// nn.Linear records and replays like any other kernel; in the value mode the GEMMs that no aten
+// op computes are computed here (Note [Stand-in cuBLAS values]). The matrix and vector
 // copies (cublasSet/GetMatrixAsync, ...) are real 2-D copies. cublasLtMatmulAlgoGetHeuristic
 // offers one algorithm that needs no workspace. A routine not listed here is absent, and its
 // first call ends the process naming it (Note [Unmodelled calls] in state.cpp). The ABI types
@@ -54,6 +55,363 @@ Status kernel(const char* routine, cudaStream_t stream, void* out = nullptr) {
 
 void report(const char* what) {
   std::fprintf(stderr, "[cuda stand-in] cuBLAS: %s\n", what);
+}
+
+// ---- the value mode: GEMMs called outside the dispatcher --------------------------------------
+// Note [Stand-in cuBLAS values]
+// An aten GEMM is computed by the value engine at the op (Note [Stand-in values] in values.cpp).
+// A GEMM called outside any engine op -- a raw cuBLAS call from an extension -- is computed here:
+// C = alpha op(A) op(B) + beta C, column-major, per batch, in stream order (eagerly as stream
+// work, in a capture attached to the routine's own node, so each replay computes it again),
+// with alpha and beta read at the call (host pointer mode) or when it runs (device mode). Real
+// and complex float and double, and in the Ex calls half and bfloat16 storage with float or
+// double compute; anything else marks C unknown. If A, B (or C, with beta not 0) hold unknown
+// bytes, so does C.
+
+enum class Elem { kF32, kF64, kC32, kC64, kF16, kBF16, kNone };
+
+size_t elemSize(Elem e) {
+  switch (e) {
+    case Elem::kF32:
+      return 4;
+    case Elem::kF64:
+    case Elem::kC32:
+      return 8;
+    case Elem::kC64:
+      return 16;
+    case Elem::kF16:
+    case Elem::kBF16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+bool isComplex(Elem e) {
+  return e == Elem::kC32 || e == Elem::kC64;
+}
+
+// cudaDataType -> element; kNone for what is not computed.
+Elem elemOf(int data_type) {
+  switch (data_type) {
+    case 0:  // CUDA_R_32F
+      return Elem::kF32;
+    case 1:  // CUDA_R_64F
+      return Elem::kF64;
+    case 2:  // CUDA_R_16F
+      return Elem::kF16;
+    case 4:  // CUDA_C_32F
+      return Elem::kC32;
+    case 5:  // CUDA_C_64F
+      return Elem::kC64;
+    case 14:  // CUDA_R_16BF
+      return Elem::kBF16;
+    default:
+      return Elem::kNone;
+  }
+}
+
+float halfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal
+      int e = -1;
+      uint32_t m = man;
+      do {
+        e++;
+        m <<= 1;
+      } while ((m & 0x400) == 0);
+      bits = sign | ((127 - 15 - e) << 23) | ((m & 0x3FF) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7F800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t floatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const int exp = static_cast<int>((x >> 23) & 0xFF) - 127 + 15;
+  uint32_t man = x & 0x7FFFFF;
+  if (((x >> 23) & 0xFF) == 0xFF) return static_cast<uint16_t>(sign | 0x7C00 | (man ? 0x200 : 0));
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7C00);
+  if (exp <= 0) {
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    man |= 0x800000;
+    const int shift = 14 - exp;
+    uint32_t h = man >> shift;
+    const uint32_t rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1))) h++;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = sign | (static_cast<uint32_t>(exp) << 10) | (man >> 13);
+  const uint32_t rest = man & 0x1FFF;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
+  return static_cast<uint16_t>(h);
+}
+
+struct Cplx {
+  double re = 0, im = 0;
+};
+
+Cplx load(const char* p, Elem e) {
+  switch (e) {
+    case Elem::kF32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return {v, 0};
+    }
+    case Elem::kF64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return {v, 0};
+    }
+    case Elem::kC32: {
+      float v[2];
+      std::memcpy(v, p, 8);
+      return {v[0], v[1]};
+    }
+    case Elem::kC64: {
+      double v[2];
+      std::memcpy(v, p, 16);
+      return {v[0], v[1]};
+    }
+    case Elem::kF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return {halfToFloat(h), 0};
+    }
+    case Elem::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      return {v, 0};
+    }
+    default:
+      return {};
+  }
+}
+
+void store(char* p, Elem e, Cplx v) {
+  switch (e) {
+    case Elem::kF32: {
+      const float f = static_cast<float>(v.re);
+      std::memcpy(p, &f, 4);
+      return;
+    }
+    case Elem::kF64:
+      std::memcpy(p, &v.re, 8);
+      return;
+    case Elem::kC32: {
+      const float f[2] = {static_cast<float>(v.re), static_cast<float>(v.im)};
+      std::memcpy(p, f, 8);
+      return;
+    }
+    case Elem::kC64: {
+      const double d[2] = {v.re, v.im};
+      std::memcpy(p, d, 16);
+      return;
+    }
+    case Elem::kF16: {
+      const uint16_t h = floatToHalf(static_cast<float>(v.re));
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case Elem::kBF16: {
+      const float f = static_cast<float>(v.re);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest even
+      const uint16_t h = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+struct Gemm {
+  int ta = 0, tb = 0;  // CUBLAS_OP_N 0, T 1, C 2
+  int m = 0, n = 0, k = 0, batch = 1;
+  Elem ab = Elem::kNone, c = Elem::kNone, scalar = Elem::kNone;
+  const char* A = nullptr;
+  const char* B = nullptr;
+  char* C = nullptr;
+  long long lda = 0, ldb = 0, ldc = 0, sa = 0, sb = 0, sc = 0;  // strides in elements
+  Cplx alpha, beta;
+  const void* alpha_dev = nullptr;  // device pointer mode: read when it runs
+  const void* beta_dev = nullptr;
+  bool persistent = false;  // captured: freed with the graph (its user object)
+};
+
+// The bytes a column-major rows x cols matrix with leading dimension ld spans, over the batch.
+size_t span(int rows, int cols, long long ld, long long stride, int batch, Elem e) {
+  if (rows <= 0 || cols <= 0 || batch <= 0) return 0;
+  const long long last = (rows - 1) + (cols - 1) * ld + (batch - 1) * stride;
+  return static_cast<size_t>(last + 1) * elemSize(e);
+}
+
+void CUDART_CB runGemm(void* p) {
+  auto* g = static_cast<Gemm*>(p);
+  const int ar = g->ta == 0 ? g->m : g->k, ac = g->ta == 0 ? g->k : g->m;
+  const int br = g->tb == 0 ? g->k : g->n, bc = g->tb == 0 ? g->n : g->k;
+  const size_t a_n = span(ar, ac, g->lda, g->sa, g->batch, g->ab);
+  const size_t b_n = span(br, bc, g->ldb, g->sb, g->batch, g->ab);
+  const size_t c_n = span(g->m, g->n, g->ldc, g->sc, g->batch, g->c);
+  Cplx alpha = g->alpha, beta = g->beta;
+  bool ok = c_n > 0;
+  if (ok && g->alpha_dev != nullptr) {
+    const void* av = standin_host_view(g->alpha_dev, elemSize(g->scalar));
+    const void* bv = standin_host_view(g->beta_dev, elemSize(g->scalar));
+    ok = av != nullptr && bv != nullptr;
+    if (ok) {
+      alpha = load(static_cast<const char*>(av), g->scalar);
+      beta = load(static_cast<const char*>(bv), g->scalar);
+    }
+  }
+  const char* A = ok && a_n ? static_cast<const char*>(standin_host_view(g->A, a_n)) : nullptr;
+  const char* B = ok && b_n ? static_cast<const char*>(standin_host_view(g->B, b_n)) : nullptr;
+  char* C = ok ? static_cast<char*>(standin_host_view(g->C, c_n)) : nullptr;
+  ok = ok && C != nullptr && (g->k == 0 || (A != nullptr && B != nullptr));
+  if (!ok) {
+    if (c_n > 0) standin_values_mark(g->C, c_n, 1);
+  } else {
+    const bool reads_c = beta.re != 0 || beta.im != 0;
+    const bool unknown = (a_n && standin_values_unknown(g->A, a_n)) ||
+                         (b_n && standin_values_unknown(g->B, b_n)) ||
+                         (reads_c && standin_values_unknown(g->C, c_n));
+    const size_t ea = elemSize(g->ab), ec = elemSize(g->c);
+    for (int b = 0; b < g->batch; ++b) {
+      for (int j = 0; j < g->n; ++j) {
+        for (int i = 0; i < g->m; ++i) {
+          Cplx acc;
+          for (int l = 0; l < g->k; ++l) {
+            // op(A)[i, l] and op(B)[l, j], column-major.
+            const long long ai = g->ta == 0 ? i + l * g->lda : l + i * g->lda;
+            const long long bi = g->tb == 0 ? l + j * g->ldb : j + l * g->ldb;
+            Cplx x = load(A + (b * g->sa + ai) * ea, g->ab);
+            Cplx y = load(B + (b * g->sb + bi) * ea, g->ab);
+            if (g->ta == 2) x.im = -x.im;
+            if (g->tb == 2) y.im = -y.im;
+            acc.re += x.re * y.re - x.im * y.im;
+            acc.im += x.re * y.im + x.im * y.re;
+          }
+          char* cp = C + (b * g->sc + i + j * g->ldc) * ec;
+          const Cplx old = reads_c ? load(cp, g->c) : Cplx{};
+          Cplx r;
+          r.re = alpha.re * acc.re - alpha.im * acc.im + beta.re * old.re - beta.im * old.im;
+          r.im = alpha.re * acc.im + alpha.im * acc.re + beta.re * old.im + beta.im * old.re;
+          store(cp, g->c, r);
+        }
+      }
+    }
+    standin_values_mark(g->C, c_n, unknown ? 1 : 0);
+  }
+  if (!g->persistent) delete g;
+}
+
+void CUDART_CB freeGemm(void* p) {
+  delete static_cast<Gemm*>(p);
+}
+
+// A GEMM routine's submission: computed (Note [Stand-in cuBLAS values]) when the value mode is on
+// and no engine op computes it already; otherwise a kernel that writes C (marked unknown).
+Status gemm(const char* routine, Handle* handle, Gemm* g, const void* alpha, const void* beta) {
+  if (!standin_values_active() || standin_values_computing() || g->ab == Elem::kNone ||
+      g->c == Elem::kNone || g->scalar == Elem::kNone) {
+    void* out = g->C;
+    delete g;
+    return kernel(routine, handle->stream, out);
+  }
+  if (handle->pointer_mode == 1) {
+    g->alpha_dev = alpha;
+    g->beta_dev = beta;
+  } else {
+    g->alpha = load(static_cast<const char*>(alpha), g->scalar);
+    g->beta = load(static_cast<const char*>(beta), g->scalar);
+  }
+  cudaStream_t stream = handle->stream;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    status = cudaStreamCaptureStatusNone;
+  }
+  if (status == cudaStreamCaptureStatusActive) {
+    g->persistent = true;
+    cudaUserObject_t obj = nullptr;
+    if (cudaUserObjectCreate(&obj, g, freeGemm, 1, cudaUserObjectNoDestructorSync) == cudaSuccess) {
+      cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove);
+    }
+  }
+  standin_values_enter(routine);  // its own node, not an uncomputed launch
+  const Status st = kernel(routine, stream);
+  standin_values_exit();
+  if (st != kSuccess) {
+    if (!g->persistent) delete g;
+    return st;
+  }
+  if (g->persistent && standin_values_attach(stream, runGemm, g) == 1) return kSuccess;
+  if (cudaLaunchHostFunc(stream, runGemm, g) != cudaSuccess) {
+    if (!g->persistent) delete g;
+    return kInvalidValue;
+  }
+  return kSuccess;
+}
+
+Gemm* newGemm(int ta, int tb, int m, int n, int k, Elem ab, Elem c, Elem scalar, const void* A,
+              int lda, long long sa, const void* B, int ldb, long long sb, void* C, int ldc,
+              long long sc, int batch) {
+  auto* g = new Gemm();
+  g->ta = ta;
+  g->tb = tb;
+  g->m = m;
+  g->n = n;
+  g->k = k;
+  g->ab = ab;
+  g->c = c;
+  g->scalar = scalar;
+  g->A = static_cast<const char*>(A);
+  g->B = static_cast<const char*>(B);
+  g->C = static_cast<char*>(C);
+  g->lda = lda;
+  g->ldb = ldb;
+  g->ldc = ldc;
+  g->sa = sa;
+  g->sb = sb;
+  g->sc = sc;
+  g->batch = batch;
+  return g;
+}
+
+// cublasComputeType_t -> the scalars' element (alpha, beta): 64F, 32F and its fast variants.
+Elem scalarOf(int compute, Elem c) {
+  switch (compute) {
+    case 70:  // CUBLAS_COMPUTE_64F
+    case 71:  // CUBLAS_COMPUTE_64F_PEDANTIC
+      return isComplex(c) ? Elem::kC64 : Elem::kF64;
+    case 68:  // CUBLAS_COMPUTE_32F
+    case 69:  // CUBLAS_COMPUTE_32F_PEDANTIC
+    case 74:  // CUBLAS_COMPUTE_32F_FAST_16F
+    case 75:  // CUBLAS_COMPUTE_32F_FAST_16BF
+    case 77:  // CUBLAS_COMPUTE_32F_FAST_TF32
+      return isComplex(c) ? Elem::kC32 : Elem::kF32;
+    default:
+      return Elem::kNone;
+  }
 }
 
 }  // namespace
@@ -177,37 +535,53 @@ EXPORT Status cublasGetVectorAsync(int n, int elemSize, const void* x, int incx,
     return kernel(#name, handle->stream);       \
   }
 
-// The GEMMs name the matrix they write (C), for the value mode.
-#define GEMM(name)                                                                           \
-  EXPORT Status name(Handle* handle, int, int, int, int, int, const void*, const void*, int, \
-                     const void*, int, const void*, void* C, int) {                          \
-    if (!valid(handle)) return kNotInitialized;                                              \
-    return kernel(#name, handle->stream, C);                                                 \
+// The GEMMs are computed in the value mode (Note [Stand-in cuBLAS values]).
+#define GEMM(name, E)                                                                           \
+  EXPORT Status name(Handle* handle, int ta, int tb, int m, int n, int k, const void* alpha,    \
+                     const void* A, int lda, const void* B, int ldb, const void* beta, void* C, \
+                     int ldc) {                                                                 \
+    if (!valid(handle)) return kNotInitialized;                                                 \
+    return gemm(#name, handle,                                                                  \
+                newGemm(ta, tb, m, n, k, E, E, E, A, lda, 0, B, ldb, 0, C, ldc, 0, 1), alpha,   \
+                beta);                                                                          \
   }
-#define GEMM_STRIDED(name)                                                                         \
-  EXPORT Status name(Handle* handle, int, int, int, int, int, const void*, const void*, int,       \
-                     long long, const void*, int, long long, const void*, void* C, int, long long, \
-                     int) {                                                                        \
-    if (!valid(handle)) return kNotInitialized;                                                    \
-    return kernel(#name, handle->stream, C);                                                       \
+#define GEMM_STRIDED(name, E)                                                                    \
+  EXPORT Status name(Handle* handle, int ta, int tb, int m, int n, int k, const void* alpha,     \
+                     const void* A, int lda, long long sa, const void* B, int ldb, long long sb, \
+                     const void* beta, void* C, int ldc, long long sc, int batch) {              \
+    if (!valid(handle)) return kNotInitialized;                                                  \
+    return gemm(#name, handle,                                                                   \
+                newGemm(ta, tb, m, n, k, E, E, E, A, lda, sa, B, ldb, sb, C, ldc, sc, batch),    \
+                alpha, beta);                                                                    \
   }
-EXPORT Status cublasGemmEx(Handle* handle, int, int, int, int, int, const void*, const void*, int,
-                           int, const void*, int, int, const void*, void* C, int, int, int, int) {
+EXPORT Status cublasGemmEx(Handle* handle, int ta, int tb, int m, int n, int k, const void* alpha,
+                           const void* A, int atype, int lda, const void* B, int btype, int ldb,
+                           const void* beta, void* C, int ctype, int ldc, int compute, int) {
   if (!valid(handle)) return kNotInitialized;
-  return kernel("cublasGemmEx", handle->stream, C);
+  const Elem ab = atype == btype ? elemOf(atype) : Elem::kNone, c = elemOf(ctype);
+  return gemm(
+      "cublasGemmEx", handle,
+      newGemm(ta, tb, m, n, k, ab, c, scalarOf(compute, c), A, lda, 0, B, ldb, 0, C, ldc, 0, 1),
+      alpha, beta);
 }
-EXPORT Status cublasGemmStridedBatchedEx(Handle* handle, int, int, int, int, int, const void*,
-                                         const void*, int, int, long long, const void*, int, int,
-                                         long long, const void*, void* C, int, int, long long, int,
-                                         int, int) {
+EXPORT Status cublasGemmStridedBatchedEx(Handle* handle, int ta, int tb, int m, int n, int k,
+                                         const void* alpha, const void* A, int atype, int lda,
+                                         long long sa, const void* B, int btype, int ldb,
+                                         long long sb, const void* beta, void* C, int ctype,
+                                         int ldc, long long sc, int batch, int compute, int) {
   if (!valid(handle)) return kNotInitialized;
-  return kernel("cublasGemmStridedBatchedEx", handle->stream, C);
+  const Elem ab = atype == btype ? elemOf(atype) : Elem::kNone, c = elemOf(ctype);
+  return gemm("cublasGemmStridedBatchedEx", handle,
+              newGemm(ta, tb, m, n, k, ab, c, scalarOf(compute, c), A, lda, sa, B, ldb, sb, C, ldc,
+                      sc, batch),
+              alpha, beta);
 }
 
 // clang-format off
-GEMM(cublasSgemm_v2) GEMM(cublasDgemm_v2) GEMM(cublasCgemm_v2) GEMM(cublasZgemm_v2)
-GEMM_STRIDED(cublasSgemmStridedBatched) GEMM_STRIDED(cublasDgemmStridedBatched)
-GEMM_STRIDED(cublasCgemmStridedBatched) GEMM_STRIDED(cublasZgemmStridedBatched)
+GEMM(cublasSgemm_v2, Elem::kF32) GEMM(cublasDgemm_v2, Elem::kF64)
+GEMM(cublasCgemm_v2, Elem::kC32) GEMM(cublasZgemm_v2, Elem::kC64)
+GEMM_STRIDED(cublasSgemmStridedBatched, Elem::kF32) GEMM_STRIDED(cublasDgemmStridedBatched, Elem::kF64)
+GEMM_STRIDED(cublasCgemmStridedBatched, Elem::kC32) GEMM_STRIDED(cublasZgemmStridedBatched, Elem::kC64)
 #define FOR_EACH_TYPED(X, S, D, C, Z) X(S) X(D) X(C) X(Z)
 #define TYPED(stem) FOR_EACH_TYPED(ROUTINE, cublasS##stem, cublasD##stem, cublasC##stem, cublasZ##stem)
 TYPED(gemmBatched) TYPED(gemv_v2)
