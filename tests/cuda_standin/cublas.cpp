@@ -342,30 +342,15 @@ Status gemm(const char* routine, Handle* handle, Gemm* g, const void* alpha, con
     g->alpha = load(static_cast<const char*>(alpha), g->scalar);
     g->beta = load(static_cast<const char*>(beta), g->scalar);
   }
-  cudaStream_t stream = handle->stream;
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaGraph_t graph = nullptr;
-  if (cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    status = cudaStreamCaptureStatusNone;
-  }
-  if (status == cudaStreamCaptureStatusActive) {
-    g->persistent = true;
-    cudaUserObject_t obj = nullptr;
-    if (cudaUserObjectCreate(&obj, g, freeGemm, 1, cudaUserObjectNoDestructorSync) == cudaSuccess) {
-      cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove);
-    }
-  }
   standin_values_enter(routine);  // its own node, not an uncomputed launch
-  const Status st = kernel(routine, stream);
+  const Status st = kernel(routine, handle->stream);
   standin_values_exit();
   if (st != kSuccess) {
-    if (!g->persistent) delete g;
+    delete g;
     return st;
   }
-  if (g->persistent && standin_values_attach(stream, runGemm, g) == 1) return kSuccess;
-  if (cudaLaunchHostFunc(stream, runGemm, g) != cudaSuccess) {
+  if (standin_submit_host_work(handle->stream, runGemm, g, freeGemm, &g->persistent) !=
+      cudaSuccess) {
     if (!g->persistent) delete g;
     return kInvalidValue;
   }

@@ -95,3 +95,33 @@ int standin_values_attach(void* stream, void (*fn)(void*), void* data);
 #ifdef __cplusplus
 }
 #endif
+
+#ifdef __cplusplus
+#include <cuda_runtime_api.h>
+
+// The value mode's host work `fn(data)`, in stream order (Note [Stand-in values] in values.cpp),
+// for the value engine and the cuBLAS stand-in alike. On a capturing stream `data` becomes the
+// graph's (a user object that `destroy` frees with it) and `fn` travels with the current op's last
+// captured node (standin_values_attach), or becomes a host node; otherwise `fn` runs as stream work
+// and frees `data` itself. `*persistent` says which before `fn` can run.
+inline cudaError_t standin_submit_host_work(cudaStream_t stream, cudaHostFn_t fn, void* data,
+                                            cudaHostFn_t destroy, bool* persistent) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    status = cudaStreamCaptureStatusNone;
+  }
+  *persistent = status == cudaStreamCaptureStatusActive;
+  if (*persistent) {
+    cudaUserObject_t obj = nullptr;
+    if (cudaUserObjectCreate(&obj, data, destroy, 1, cudaUserObjectNoDestructorSync) ==
+        cudaSuccess) {
+      cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove);
+    }
+    if (standin_values_attach(stream, fn, data) == 1) return cudaSuccess;
+  }
+  return cudaLaunchHostFunc(stream, fn, data);
+}
+#endif

@@ -267,26 +267,9 @@ class ValueKernel final : public c10::OperatorKernel {
  private:
   void enqueue(std::unique_ptr<HostWork> work) {
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    cudaGraph_t graph = nullptr;
-    if (cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph, nullptr, nullptr, nullptr) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();
-      status = cudaStreamCaptureStatusNone;
-    }
     HostWork* w = work.release();
-    if (status == cudaStreamCaptureStatusActive) {
-      w->persistent = true;
-      cudaUserObject_t obj = nullptr;
-      if (cudaUserObjectCreate(&obj, w, freeWork, 1, cudaUserObjectNoDestructorSync) ==
-          cudaSuccess) {
-        cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove);
-      }
-    }
-    // In a capture, the computation travels with the op's last node (its kernel) where it can,
-    // and becomes a host node beside it where it cannot (Note [Stand-in values]).
-    if (w->persistent && standin_values_attach(stream, hostFunction, w) == 1) return;
-    const cudaError_t e = cudaLaunchHostFunc(stream, hostFunction, w);
+    const cudaError_t e =
+        standin_submit_host_work(stream, hostFunction, w, freeWork, &w->persistent);
     if (e != cudaSuccess) {
       if (!w->persistent) delete w;
       C10_CUDA_CHECK(e);
