@@ -18,8 +18,9 @@
 //     another position would make a second tensor. A managed tensor's positions are all managed
 //     already (the ledger of live outputs is per storage), and a position that is static or
 //     managed is never copied;
-//   - placeholders (CopiedInputs::makePlaceholders, TreeNode::fromRecording): the positions of one
-//     copied tensor share one placeholder, so the function sees one tensor as eagerly;
+//   - the input plan (InputPlan::record, Note [A call's inputs] in InputPlan.h): the positions of
+//     one copied tensor share one placeholder, one source, one copy-in and one write-back, so the
+//     function sees one tensor as eagerly;
 //   - the write-back (WriteBack::decide): a mutated copied input over a storage that another
 //     input (not the same tensor) also uses cannot be written back: eagerly the other one shows
 //     the write while the function runs. It runs eagerly instead, with the reason.

@@ -11,7 +11,7 @@
 // allocations, freed when the worker drops them; the collective completed before it returned, so
 // nothing writes them). A capture that dispatched no c10d op replays without the watch.
 
-#include "CaptureWatcher.h"
+#include "CaptureObserver.h"
 
 #include <cstdint>
 #include <unordered_set>

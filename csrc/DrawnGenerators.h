@@ -4,7 +4,7 @@
 // calling thread: noted during a warmup, so that its recording registers them with the graph
 // (Note [Generators a function reaches itself]).
 
-#include "CaptureWatcher.h"
+#include "CaptureObserver.h"
 
 #include <ATen/core/Generator.h>
 #include <c10/core/DeviceType.h>

@@ -10,7 +10,7 @@
 // for every input too. Writes no op shows at all (ctypes through data_ptr()) are WriteBack's to
 // find (Note [Copied inputs written back] in WriteBack.h).
 
-#include "CaptureWatcher.h"
+#include "CaptureObserver.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>

@@ -1,6 +1,7 @@
 #include "Logging.h"
 
 #include <atomic>
+#include <cstdio>
 #include <exception>
 #include <mutex>
 #include <utility>
@@ -76,6 +77,19 @@ void logMessage(LogLevel level, const std::string& message) {
     return;
   }
   emit(level, message);
+}
+
+std::string bytesString(int64_t n) {
+  // snprintf, not a stream: no locale is involved (Note [No formatting nobody reads]).
+  char buf[48];
+  if (n >= (1 << 20)) {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(n) / (1 << 20));
+  } else if (n >= 1024) {
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", static_cast<double>(n) / 1024);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(n));
+  }
+  return buf;
 }
 
 }  // namespace graphtrees

@@ -48,6 +48,9 @@ void releaseLogs();
 // How many messages GRAPHTREES_LOG has built since the process started.
 int64_t messagesBuilt();
 
+// "1.5 MiB", "12.0 KiB", "512 B", for messages.
+std::string bytesString(int64_t n);
+
 #define GRAPHTREES_LOG(level, message)              \
   do {                                              \
     if (::graphtrees::logEnabled(level)) {          \

@@ -3,7 +3,7 @@
 // Views of a copied input's memory that its placeholder cannot stand for, watched during a
 // capture (Note [Views beyond a copied input]).
 
-#include "CaptureWatcher.h"
+#include "CaptureObserver.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -15,7 +15,7 @@ namespace graphtrees {
 
 // Note [Views beyond a copied input]
 // A recording copies each copied input into a placeholder of its own: the input's elements, with
-// its strides, at storage offset 0 (CopiedInputs::makePlaceholders). Code that only reads the
+// its strides, at storage offset 0 (InputPlan::record). Code that only reads the
 // input through its sizes and strides cannot tell. Code that addresses its storage directly can:
 // `x.as_strided(size, stride, offset)`, `as_strided_`, `as_strided_copy` and `t.set_(storage,
 // offset, size, stride)` name absolute positions in the storage, and eagerly they reach whatever

@@ -3,7 +3,6 @@
 #include "FailureInjection.h"
 #include "Logging.h"
 #include "PythonHooks.h"
-#include "TreeInfo.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,5 +1,6 @@
 #include "TreeInfo.h"
 
+#include "Logging.h"
 #include "TreeManager.h"
 
 #include <algorithm>
@@ -7,19 +8,6 @@
 #include <sstream>
 
 namespace graphtrees {
-
-std::string bytesString(int64_t n) {
-  // snprintf, not a stream: no locale is involved (Note [No formatting nobody reads]).
-  char buf[48];
-  if (n >= (1 << 20)) {
-    std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(n) / (1 << 20));
-  } else if (n >= 1024) {
-    std::snprintf(buf, sizeof(buf), "%.1f KiB", static_cast<double>(n) / 1024);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(n));
-  }
-  return buf;
-}
 
 void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& path,
                      const std::unordered_map<int64_t, int64_t>& live_per_node,

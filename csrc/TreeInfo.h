@@ -1,7 +1,8 @@
 #pragma once
 
-// Introspection: a snapshot of one tree (TreeManager::snapshot()) and what is rendered from it.
-// Everything here is a pure function of the snapshot.
+// Introspection: a snapshot of one tree (TreeManager::snapshot(), defined in TreeInfo.cpp: this
+// room reads the tree, and the tree does not include this room) and what is rendered from it.
+// Everything else here is a pure function of the snapshot.
 
 #include "Backend.h"
 #include "TreeCounters.h"
@@ -56,8 +57,5 @@ void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& p
 // Graphviz DOT: nodes labelled with their function and the bytes they write; nodes with live
 // outputs are filled; the current path is bold.
 std::string toDot(const TreeInfo& info);
-
-// "1.5 MiB", "12.0 KiB", "512 B".
-std::string bytesString(int64_t n);
 
 }  // namespace graphtrees

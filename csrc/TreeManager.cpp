@@ -3,7 +3,6 @@
 #include "AutocastState.h"
 #include "BackendCall.h"
 #include "CaptureObserver.h"
-#include "CopiedInputs.h"
 #include "FailureInjection.h"
 #include "InputMutationCheck.h"
 #include "Logging.h"
@@ -52,7 +51,9 @@ void TreeManager::close() {
   closed_ = true;
   pinned_by_node_.clear();
   pinned_by_warmup_function_.clear();
+  BackendCall ordered(*backend_);  // the migrations follow the pool's last use, as in evictFunction
   live_.invalidateAll("graphtrees.reset() freed the pool");
+  ordered.end();
   path_.clear();
   current_ = nullptr;
   root_.clearChildren();    // graphs first: they may hold references to the pool
@@ -306,6 +307,9 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why, boo
     if (later) pending_evictions_.emplace_back(function_id, why);
     return later;
   }
+  // Outside a call: the migrations of its outputs (on_overwrite="copy") must follow the pool's last
+  // use on another stream, as a call's would (Note [Streams of the pool] in cuda/PoolStreams.cpp).
+  BackendCall ordered(*backend_);
   for (TreeNode* v : victims) {
     GRAPHTREES_LOG(LogLevel::kInfo, "evicted node " + std::to_string(v->id()) + " ('" +
                                         v->functionName() + "'): " + why);
@@ -314,6 +318,7 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why, boo
   pinned_by_warmup_function_.erase(function_id);
   functions_.erase(function_id);  // its state here (warmups, generators): it never runs again
   counters_.num_evictions++;
+  ordered.end();
   return true;
 }
 
@@ -400,12 +405,10 @@ CallResult TreeManager::record(FunctionRecord& fn, const std::vector<at::Tensor>
 bool TreeManager::copyIntoPlaceholders(FunctionRecord& fn, const std::vector<at::Tensor>& ins,
                                        const RunFn& run, const CallKey& key, bool retried,
                                        Recording* rec, CallResult* fallback) {
-  rec->inputs = ins;
-  rec->dense.assign(ins.size(), 1);
   try {
     // Allocated in the pool, outside the capture.
     PoolRoutingGuard routing(*backend_);
-    CopiedInputs::makePlaceholders(ins, key.kinds, fn.aliases, rec);
+    rec->plan = InputPlan::record(ins, key.kinds, fn.aliases, &rec->inputs);
     routing.end();
     return true;
   } catch (const c10::OutOfMemoryError& e) {
@@ -424,15 +427,15 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
   CaptureObserver observer(/*watch_forks=*/true);  // Note [One capture observer]
   std::optional<InputMutationCheck> mutations;
   try {
-    mutations.emplace(rec->inputs, rec->copied);
+    mutations.emplace(rec->inputs, rec->plan.copied());
     CaptureScope scope;              // Python's GC paused, host reads watched
     AutocastCacheOff no_cast_cache;  // Note [Autocast and recordings]
-    PlaceholderViewCheck views(ins, rec->inputs, rec->copied, rec->dense);
+    PlaceholderViewCheck views(ins, rec->inputs, rec->plan.copied(), rec->plan.dense());
     rec->graph = backend_->capture(run, rec->inputs, &rec->outputs, captureSpec(fn, stateOf(fn)));
     if (!observer.refusal().empty()) throw CaptureRejected(observer.refusal());  // views too
     // The placeholders ran: those that can be are written back (Note in WriteBack.h).
-    rec->write_back =
-        WriteBack::decide(*mutations, ins, rec->copied, fn.aliases, &rec->inputs, &refused);
+    rec->plan.setWriteBack(
+        WriteBack::decide(*mutations, ins, rec->plan.copied(), fn.aliases, &rec->inputs, &refused));
   } catch (const c10::OutOfMemoryError& e) {
     *rec = Recording();
     mutations.reset();
@@ -448,10 +451,10 @@ bool TreeManager::capture(FunctionRecord& fn, const std::vector<at::Tensor>& ins
     // collective, on one rank only) would happen twice -- unless the run mutated an input, in
     // any way WriteBack can tell (a write through DLPack moves no counter and no op shows it).
     WriteBackRefusal no;
-    const bool keep = e.ran() && !WriteBack::mutatedAny(*mutations, ins, rec->copied, fn.aliases,
-                                                        rec->inputs, &no);
+    const bool keep = e.ran() && !WriteBack::mutatedAny(*mutations, ins, rec->plan.copied(),
+                                                        fn.aliases, rec->inputs, &no);
     mutations.reset();
-    if (keep && live_.moveResultsOutOfPool(rec->outputs, rec->inputs, rec->copied)) {
+    if (keep && live_.moveResultsOutOfPool(rec->outputs, rec->inputs, rec->plan.copied())) {
       noteFallback(fn, fn.eager_reason);
       *fallback = {std::move(rec->outputs), RunKind::kEager};
     } else {
@@ -489,7 +492,7 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
     fn.eager_reason = std::string("the pool could not be checkpointed after its recording: ") +
                       (c10_error ? c10_error->what_without_backtrace() : e.what());
-    if (live_.moveResultsOutOfPool(rec.outputs, rec.inputs, rec.copied)) {
+    if (live_.moveResultsOutOfPool(rec.outputs, rec.inputs, rec.plan.copied())) {
       noteFallback(fn, fn.eager_reason);
       return {std::move(rec.outputs), RunKind::kEager};
     }
@@ -525,18 +528,19 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
   bookkeeping_.markExact();
   counters_.num_recordings++;
   policy_.noteRun(fn);
+  const InputPlan& plan = raw->inputPlan();
+  const size_t written_back = plan.writeBack().size();
   GRAPHTREES_LOG(
       LogLevel::kInfo,
       "recorded node " + std::to_string(raw->id()) + " for '" + fn.name + "' under " +
-          whereOf(raw->parent()) + " (" + std::to_string(raw->copiedInputs().size()) +
+          whereOf(raw->parent()) + " (" + std::to_string(plan.copied().size()) +
           " copied inputs, " +
-          (raw->writeBack().empty() ? std::string()
-                                    : std::to_string(raw->writeBack().size()) + " written back, ") +
+          (written_back == 0 ? std::string() : std::to_string(written_back) + " written back, ") +
           std::to_string(raw->slots().size()) + " output blocks, " + bytesString(raw->poolBytes()) +
           " written)");
   // The recording's mutations of copied inputs reach the caller (`ins`: what it holds, Note
   // [Copied inputs written back]) now that no fallback can follow.
-  raw->writeBack().apply(raw->placeholders(), ins);
+  plan.writeBackRecording(ins);
   // Outputs aliasing an input a restore invalidated alias its clone: Note [The inputs a run uses].
   return {raw->buildOutputs(slot_storages, ins), RunKind::kRecord};
 }
@@ -544,10 +548,10 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
 CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
                                const std::vector<at::Tensor>& inputs, const RunFn& run) {
   const c10::Device device = backend_->device();
-  const auto& copied = node.copiedInputs();
+  const InputPlan& plan = node.inputPlan();  // Note [A call's inputs] in InputPlan.h
   const auto written = [&node](uintptr_t b, uintptr_t e) { return node.overlapsFootprint(b, e); };
   // Read before anything is written or invalidated (Note [Copied inputs written back]).
-  const std::vector<at::Tensor> sources = WriteBack::sources(copied, inputs, written);
+  const std::vector<at::Tensor> sources = plan.sources(inputs, written);
   pinned_by_node_.erase(node.id());
   // Note [Footprints and stale outputs]: outputs in memory this replay writes are overwritten now.
   live_.invalidateIf(
@@ -556,12 +560,23 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
       },
       [&] { return "a replay of '" + fn.name + "' wrote to its memory"; });
   bookkeeping_.markStale();
-  copyReplayInputs(*backend_, node.placeholders(), sources);
-  node.graph().replay(run, inputs, copied, node.placeholders());
-  // What the caller holds now: its own tensor, unless it was invalidated (then the clone the
-  // replay read), which the write-back fills and outputs aliasing the input alias.
-  const std::vector<at::Tensor> targets = WriteBack::targets(inputs, copied, sources, written);
-  node.writeBack().apply(node.placeholders(), targets);
+  std::vector<at::Tensor> targets;
+  try {
+    plan.copyIn(*backend_, sources);
+    node.graph().replay(run, inputs, plan.copied(), plan.placeholders());
+    // What the caller holds now: its own tensor, unless it was invalidated (then the clone the
+    // replay read), which the write-back fills and outputs aliasing the input alias.
+    targets = plan.writeBack(inputs, sources, written);
+  } catch (const std::exception& e) {
+    // Note [A failed replay] in TreeManager.h.
+    if (!propagatesAsIs(e) && fn.eager_reason.empty()) {
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string why = c10_error ? c10_error->what_without_backtrace() : e.what();
+      fn.eager_reason = "its replay failed: " + why.substr(0, why.find('\n'));
+      noteFallback(fn, fn.eager_reason);
+    }
+    throw;
+  }
   counters_.num_program_replays += node.graph().replaysProgram() ? 1 : 0;
   std::vector<c10::Storage> storages;
   storages.reserve(node.slots().size());

@@ -12,7 +12,6 @@
 #include "PathPolicy.h"
 #include "PoolBookkeeping.h"
 #include "ThreadState.h"
-#include "TreeInfo.h"
 #include "TreeLock.h"
 #include "TreeNode.h"
 
@@ -28,6 +27,8 @@
 #include <vector>
 
 namespace graphtrees {
+
+struct TreeInfo;  // TreeInfo.h, which includes this header
 
 class TreeManager {
  public:
@@ -213,6 +214,15 @@ class TreeManager {
         [this](int64_t slot) { return live_.liveInGeneration(slot, policy_.generation()); },
         mismatch);
   }
+  // Note [A failed replay]
+  // A replay invalidates the live outputs in its footprint first, then copies its inputs in,
+  // replays and writes back. An error in those steps (a CPU Python replay that diverges from its
+  // recording, a failed input copy or write-back) leaves the tree consistent: the path stays at
+  // the node's parent, nothing of the replay is tracked, and what its memory holds is read by
+  // nobody (every output over it was invalidated). The error propagates to the caller -- the
+  // function may have run (a Python replay), so it is not run a second time -- and the function
+  // runs eagerly from its next call, with the reason, rather than failing the same way at each
+  // call; an interruption or the user's own error (propagatesAsIs()) does not mark it.
   // Note [Pinned gradients]
   // A backward's outputs are gradients. Autograd "steals" a gradient whose only reference is its
   // own (it becomes .grad without a copy) and accumulates in place into such buffers; a gradient in

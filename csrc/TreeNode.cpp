@@ -2,7 +2,6 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/TensorImpl.h>
-#include <c10/core/TensorOptions.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -21,12 +20,6 @@ uint64_t TreeNode::hashKey(int64_t function_id, const std::vector<uintptr_t>& pt
   return h;
 }
 
-c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
-                      c10::DataPtr(reinterpret_cast<void*>(ptr), device),
-                      /*allocator=*/nullptr, /*resizable=*/false);
-}
-
 std::unique_ptr<TreeNode> TreeNode::fromRecording(
     int64_t id, TreeNode* parent, Recording&& rec, const std::function<int64_t()>& new_slot,
     const std::function<bool(const c10::StorageImpl*)>& tracked,
@@ -38,16 +31,13 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
   node->input_kinds_ = rec.input_kinds;
   node->key_ptrs_ = std::move(rec.key_ptrs);
   node->key_hash_ = rec.key_hash;
-  node->copied_inputs_ = rec.copied;
-  node->write_back_ = std::move(rec.write_back);
   for (size_t i = 0; i < rec.inputs.size(); ++i) {
     if (rec.input_kinds[i] == InputKind::kStatic && rec.inputs[i].has_storage()) {
       node->static_storages_.push_back(rec.inputs[i].storage().getWeakStorageImpl());
     }
   }
   node->footprint_ = rec.graph->footprint();
-  for (int64_t i : rec.copied) {
-    const auto& ph = rec.inputs[i];
+  for (const auto& ph : rec.plan.placeholders()) {
     const auto begin = reinterpret_cast<uintptr_t>(ph.storage().data());
     node->footprint_.push_back({begin, begin + ph.storage().nbytes()});
   }
@@ -72,8 +62,8 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
     auto known = slot_index.find(impl);
     if (nbytes == 0 || data == 0) {
       info.kind = OutputKind::kEmpty;
-    } else if (in != input_of.end() &&
-               !(rec.input_kinds[in->second] == InputKind::kCopied && !rec.dense[in->second])) {
+    } else if (in != input_of.end() && !(rec.input_kinds[in->second] == InputKind::kCopied &&
+                                         !rec.plan.dense()[in->second])) {
       // Keeps eager's aliasing: the output is a view of the caller's own input.
       info.kind = OutputKind::kInputAlias;
       info.index = in->second;
@@ -99,47 +89,12 @@ std::unique_ptr<TreeNode> TreeNode::fromRecording(
     }
     node->outputs_.push_back(std::move(info));
   }
-  // Placeholders become non-owning views: their blocks are free for descendants once this
-  // recording is done (unless an output keeps them), and a replay copies into the same address.
-  for (size_t k = 0; k < rec.copied.size(); ++k) {
-    const auto& ph = rec.inputs[rec.copied[k]];
-    // One placeholder for the positions of one tensor (CopiedInputs::makePlaceholders made them
-    // share it: Note [Argument aliases]) stays one tensor in every replay.
-    size_t same = 0;
-    while (same < k &&
-           rec.inputs[rec.copied[same]].unsafeGetTensorImpl() != ph.unsafeGetTensorImpl()) {
-      ++same;
-    }
-    if (same < k) {
-      node->placeholders_.push_back(node->placeholders_[same]);
-      continue;
-    }
-    node->placeholders_.push_back(
-        makeTensor(nonOwningStorage(reinterpret_cast<uintptr_t>(ph.storage().data()),
-                                    ph.storage().nbytes(), device),
-                   metaOf(ph)));
-  }
+  rec.plan.detach(device);  // Note [A call's inputs] in InputPlan.h
+  node->input_plan_ = std::move(rec.plan);
   node->graph_ = std::move(rec.graph);
   rec.outputs.clear();
   rec.inputs.clear();
   return node;
-}
-
-// Whether no two elements of `t` share memory (dense, or strided with gaps such as a slice); an
-// expanded tensor (stride 0) overlaps.
-bool TreeNode::elementsDoNotOverlap(const at::Tensor& t) {
-  if (t.is_non_overlapping_and_dense()) return true;
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that matter
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
-  }
-  std::sort(dims.begin(), dims.end());
-  int64_t reach = 0;  // the furthest element offset the smaller-stride dims reach
-  for (const auto& [stride, size] : dims) {
-    if (stride <= reach) return false;
-    reach += stride * (size - 1);
-  }
-  return true;
 }
 
 TreeNode* TreeNode::addChild(std::unique_ptr<TreeNode> child) {
@@ -209,28 +164,6 @@ int64_t TreeNode::poolBytes() const {
   int64_t n = 0;
   for (const auto& iv : footprint_) n += static_cast<int64_t>(iv.end - iv.begin);
   return n;
-}
-
-at::Tensor makeTensor(c10::Storage storage, const TensorMeta& meta) {
-  c10::DispatchKeySet keys(c10::computeDispatchKey(meta.dtype, c10::kStrided, meta.device));
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys,
-                                                    c10::scalarTypeToTypeMeta(meta.dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes, meta.strides, meta.storage_offset);
-  if (meta.conj) t.unsafeGetTensorImpl()->_set_conj(true);
-  if (meta.neg) t.unsafeGetTensorImpl()->_set_neg(true);
-  return t;
-}
-
-TensorMeta metaOf(const at::Tensor& t) {
-  TensorMeta m;
-  m.sizes = t.sizes().vec();
-  m.strides = t.strides().vec();
-  m.storage_offset = t.storage_offset();
-  m.dtype = t.scalar_type();
-  m.device = t.device();
-  m.conj = t.is_conj();
-  m.neg = t.is_neg();
-  return m;
 }
 
 std::vector<at::Tensor> TreeNode::buildOutputs(const std::vector<c10::Storage>& storages,

@@ -24,7 +24,9 @@
 // cloned before the placeholders are written, so that the replay reads what the caller passed.
 
 #include "Backend.h"
-#include "WriteBack.h"
+#include "InputPlan.h"
+#include "Recording.h"
+#include "TensorMeta.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
@@ -38,64 +40,6 @@
 #include <vector>
 
 namespace graphtrees {
-
-// How a recorded graph receives one flat tensor input.
-enum class InputKind : uint8_t {
-  kStatic,   // parameter, buffer or static_argnums: used in place, address checked
-  kManaged,  // live output of an earlier node on the path: used in place, never copied
-  kCopied,   // anything else: copied into a placeholder allocated in the pool at recording
-};
-
-struct TensorMeta {
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
-  int64_t storage_offset = 0;
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  c10::Device device = c10::Device(c10::DeviceType::CPU);
-  // A conjugate or negative view ((z * 2).conj(), .mH, torch._neg_view): the bytes are the
-  // unconjugated values and the bit says how to read them, so a rebuilt tensor needs it too.
-  bool conj = false;
-  bool neg = false;
-};
-
-enum class OutputKind : uint8_t {
-  kPool,        // lives in a block this node's recording allocated (slot `index`)
-  kInputAlias,  // a view of flat input `index`, `byte_delta` bytes from that input's data
-  kEmpty,       // no storage bytes: rebuilt as an empty tensor
-  kConstant,    // a view of a tensor that lives outside the pool (closure, unregistered attr)
-};
-
-struct OutputInfo {
-  OutputKind kind = OutputKind::kPool;
-  int64_t index = 0;
-  int64_t byte_delta = 0;
-  TensorMeta meta;
-};
-
-// A block of pool memory that holds output storage: the same address on every replay.
-struct Slot {
-  int64_t id = 0;
-  uintptr_t ptr = 0;
-  size_t nbytes = 0;
-};
-
-// What a capture produced, before it becomes a node (TreeNode::fromRecording()).
-struct Recording {
-  int64_t function_id = 0;
-  std::string function_name;
-  std::vector<InputKind> input_kinds;
-  std::vector<uintptr_t> key_ptrs;  // Note [Matching a child]
-  uint64_t key_hash = 0;
-  std::vector<int64_t> copied;      // flat indices of copied inputs
-  std::vector<uint8_t> dense;       // per flat input: the placeholder has the caller's strides
-  std::vector<at::Tensor> inputs;   // what the capture ran on (placeholders at copied positions)
-  std::vector<at::Tensor> outputs;  // what the capture returned
-  // The copied inputs it mutates: copied back into the caller's tensors after each replay (Note
-  // [Copied inputs written back] in WriteBack.h).
-  WriteBack write_back;
-  std::unique_ptr<Graph> graph;
-  c10::Device graph_device = c10::Device(c10::DeviceType::CPU);
-};
 
 // What a restore to a node needs (Note [Checkpointing] in PoolBookkeeping.cpp): the pool's
 // bookkeeping right after the node was recorded, and the output slots that were live then (a
@@ -138,9 +82,8 @@ class TreeNode {
   int64_t functionId() const { return function_id_; }
   const std::string& functionName() const { return function_name_; }
   const std::vector<InputKind>& inputKinds() const { return input_kinds_; }
-  const std::vector<int64_t>& copiedInputs() const { return copied_inputs_; }
-  const WriteBack& writeBack() const { return write_back_; }
-  const std::vector<at::Tensor>& placeholders() const { return placeholders_; }
+  // How the copied inputs are fed and written back (Note [A call's inputs] in InputPlan.h).
+  const InputPlan& inputPlan() const { return input_plan_; }
   const std::vector<Slot>& slots() const { return slots_; }
   int64_t numOutputs() const { return static_cast<int64_t>(outputs_.size()); }
   const std::vector<int64_t>& mustStayDead() const { return must_stay_dead_; }
@@ -161,10 +104,6 @@ class TreeNode {
   bool keyEquals(int64_t function_id, const std::vector<uintptr_t>& ptrs) const {
     return function_id_ == function_id && key_ptrs_ == ptrs;
   }
-
-  // Whether no two elements of `t` share memory (dense, or strided with gaps such as a slice): a
-  // copied input's placeholder then keeps its strides (Recording::dense).
-  static bool elementsDoNotOverlap(const at::Tensor& t);
 
   // Why this node's key does not match a call with input kinds `kinds` and key `key_ptrs` of the
   // same function (for the re-record log), or "" if it does.
@@ -210,9 +149,7 @@ class TreeNode {
   std::string function_name_;
   std::shared_ptr<Graph> graph_;
   std::vector<InputKind> input_kinds_;
-  std::vector<int64_t> copied_inputs_;    // flat indices of copied inputs
-  std::vector<at::Tensor> placeholders_;  // non-owning views, parallel to copied_inputs_
-  WriteBack write_back_;                  // Recording::write_back
+  InputPlan input_plan_;  // Recording::plan, its placeholders non-owning
   std::vector<uintptr_t> key_ptrs_;
   uint64_t key_hash_ = 0;
   std::vector<OutputInfo> outputs_;
@@ -255,12 +192,5 @@ void forEachNode(Node& root, Visit&& visit) {
     if (visit(*n)) pushChildren(*n);
   }
 }
-
-// A storage of `nbytes` at `ptr` that owns nothing.
-c10::Storage nonOwningStorage(uintptr_t ptr, size_t nbytes, c10::Device device);
-
-// Builds a tensor over `storage` with the given metadata (no allocation, no dispatch).
-at::Tensor makeTensor(c10::Storage storage, const TensorMeta& meta);
-TensorMeta metaOf(const at::Tensor& t);
 
 }  // namespace graphtrees

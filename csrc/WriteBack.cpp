@@ -1,7 +1,7 @@
 #include "WriteBack.h"
 
 #include "OwnSyncScope.h"
-#include "TreeNode.h"
+#include "TensorMeta.h"
 
 #include <ATen/ops/equal.h>
 #include <c10/util/Exception.h>
@@ -42,7 +42,7 @@ at::Tensor hostBytes(const at::Tensor& t) {
 // Whether the run changed `ran`'s values away from `caller`'s (a write no op shows).
 bool bytesDiffer(const at::Tensor& ran, const at::Tensor& caller) {
   if (!ran.has_storage() || !caller.has_storage() || ran.numel() == 0) return false;
-  if (!TreeNode::elementsDoNotOverlap(ran) || ran.sizes() != caller.sizes() ||
+  if (!elementsDoNotOverlap(ran) || ran.sizes() != caller.sizes() ||
       ran.strides() != caller.strides() || ran.itemsize() != caller.itemsize()) {
     return false;
   }
@@ -55,7 +55,7 @@ std::string whyNotWrittenBack(const std::vector<at::Tensor>& callers, int64_t i,
   const at::Tensor& t = callers[i];
   if (!t.has_storage()) return "it has no storage";
   if (t.requires_grad()) return "it requires grad";
-  if (!TreeNode::elementsDoNotOverlap(t)) return "its elements overlap (an expanded tensor)";
+  if (!elementsDoNotOverlap(t)) return "its elements overlap (an expanded tensor)";
   if (const int64_t other = aliases.sharesStorageWith(static_cast<size_t>(i)); other >= 0) {
     return "it shares its memory with input #" + std::to_string(other);
   }
@@ -104,17 +104,24 @@ WriteBack WriteBack::decide(const InputMutationCheck& mutations,
       if (found != changed.end()) refused->op = ops[found - changed.begin()];
       return WriteBack();
     }
-    // The positions of one tensor share a placeholder: written back once.
-    if (aliases.sameAs(static_cast<size_t>(i)) != static_cast<size_t>(i) &&
-        std::find(out.inputs_.begin(), out.inputs_.end(),
-                  static_cast<int64_t>(aliases.sameAs(static_cast<size_t>(i)))) !=
-            out.inputs_.end()) {
-      continue;
-    }
     out.inputs_.push_back(i);
     out.positions_.push_back(k);
   }
   return out;
+}
+
+void WriteBack::keepFirstOf(const std::vector<size_t>& first) {
+  std::vector<int64_t> inputs;
+  std::vector<size_t> positions;
+  for (size_t n = 0; n < inputs_.size(); ++n) {
+    const size_t k = first[positions_[n]];
+    if (std::find(positions.begin(), positions.end(), k) != positions.end()) continue;
+    // The first position's placeholder is the one shared, and its flat input the same tensor.
+    inputs.push_back(inputs_[n]);
+    positions.push_back(k);
+  }
+  inputs_ = std::move(inputs);
+  positions_ = std::move(positions);
 }
 
 void WriteBack::apply(const std::vector<at::Tensor>& placeholders,

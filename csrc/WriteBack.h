@@ -30,14 +30,14 @@
 // through a clone first, and the clone is what the write-back fills (outputs aliasing the input
 // alias it). One that on_overwrite="copy" migrates out of the pool is rebound in place, keeps its
 // values and stays the caller's: the run reads it there and the write-back fills it, as eagerly
-// (targets()).
+// (InputPlan::writeBack()).
 
 #include "ArgumentAliases.h"
 #include "InputMutationCheck.h"
-#include "StorageInvalidated.h"
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -80,51 +80,13 @@ class WriteBack {
   bool empty() const { return inputs_.empty(); }
   size_t size() const { return inputs_.size(); }
 
-  // The values a replay copies into its placeholders, one per copied input `copied[k]`: the
-  // call's tensor, or a clone of it where it lies in memory the replay writes (`written(begin,
-  // end)`), read before any of it is written or invalidated. Inline: it runs at every replay.
-  template <typename Written>
-  static std::vector<at::Tensor> sources(const std::vector<int64_t>& copied,
-                                         const std::vector<at::Tensor>& inputs,
-                                         const Written& written) {
-    std::vector<at::Tensor> out;
-    out.reserve(copied.size());
-    for (int64_t i : copied) {
-      const at::Tensor& src = inputs[i];
-      const auto begin = reinterpret_cast<uintptr_t>(src.storage().data());
-      out.push_back(written(begin, begin + src.storage().nbytes()) ? src.clone() : src);
-    }
-    return out;
-  }
-  // The tensors the caller holds at each flat input once the replay's invalidations are done:
-  // `callers[i]`, except where the source `used[k]` of copied input `copied[k]` is a clone and
-  // the caller's tensor was invalidated or still lies in memory the replay writes; then the
-  // clone, which the write-back fills and outputs aliasing the input alias. One that
-  // on_overwrite="copy" migrated out of the pool is the caller's again.
-  template <typename Written>
-  static std::vector<at::Tensor> targets(const std::vector<at::Tensor>& callers,
-                                         const std::vector<int64_t>& copied,
-                                         const std::vector<at::Tensor>& used,
-                                         const Written& written) {
-    std::vector<at::Tensor> out = callers;
-    for (size_t k = 0; k < copied.size(); ++k) {
-      const int64_t i = copied[k];
-      if (used[k].is_same(callers[i]) || !callers[i].has_storage()) continue;
-      const c10::StorageImpl* s = callers[i].storage().unsafeGetStorageImpl();
-      if (storageInvalidated(*s)) {  // it raises "overwritten"
-        out[i] = used[k];
-        continue;
-      }
-      const auto begin = reinterpret_cast<uintptr_t>(s->data());
-      if (written(begin, begin + s->nbytes())) out[i] = used[k];
-    }
-    return out;
-  }
-
   // Copies each written-back input's placeholder (`placeholders`, parallel to `copied` of the
   // decision's `which`) into `targets` (per flat input).
   void apply(const std::vector<at::Tensor>& placeholders,
              const std::vector<at::Tensor>& targets) const;
+  // Keeps one entry per tensor: `first[k]` is the first position in `which` holding the same
+  // tensor as position k (InputPlan's alias rule, Note [A call's inputs] in InputPlan.h).
+  void keepFirstOf(const std::vector<size_t>& first);
 
  private:
   std::vector<int64_t> inputs_;    // flat indices of the inputs written back

@@ -202,6 +202,33 @@ def test_no_include_cycles_and_no_oversized_files():
         assert lines <= 600, f"csrc/{path} has {lines} lines"
 
 
+def test_no_room_reaches_back_to_a_room_that_includes_it():
+    # A room is a header and its source (TreeNode.h and TreeNode.cpp). WriteBack.cpp including
+    # TreeNode.h, whose header includes WriteBack.h, was a loop no file-level check sees (design
+    # review 6, S2): a room's source may include only rooms below it.
+    rooms = {}
+    for path, headers in _includes().items():
+        room = os.path.splitext(path)[0]
+        deps = rooms.setdefault(room, set())
+        deps.update(os.path.splitext(h)[0] for h in headers if os.path.splitext(h)[0] != room)
+    state = {}
+
+    def visit(room, stack):
+        state[room] = "open"
+        for dep in sorted(rooms.get(room, ())):
+            if state.get(dep) == "open":
+                raise AssertionError(
+                    "rooms include each other: " + " -> ".join(stack + [room, dep])
+                )
+            if dep not in state:
+                visit(dep, stack + [room])
+        state[room] = "done"
+
+    for room in sorted(rooms):
+        if room not in state:
+            visit(room, [])
+
+
 def test_errors_reach_python_with_their_types():
     C = graphtrees._ext.get_ext()
     with pytest.raises(ValueError, match="unknown failure point"):

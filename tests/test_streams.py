@@ -137,6 +137,49 @@ def test_replays_on_two_streams_are_ordered_in_deferred_mode():
     assert "z right True" in r.stdout, r.stdout
 
 
+def test_a_migration_outside_a_call_follows_the_pools_last_use_in_deferred_mode():
+    # Design review 6, H4: an output kept with on_overwrite="copy" is migrated out of the pool
+    # outside any call -- at graphtrees.reset(), or when another signature's call evicts its
+    # recording (TreeManager::evictFunction, the same order). The migration's copy ran on the
+    # current stream without waiting for the replay that writes the output on another stream (in
+    # deferred mode the stand-in runs s2 first when it is synchronised first), so the migrated
+    # output held an earlier replay's values. (Copies only: the values are real without the value
+    # mode. The block the migration takes is cached on s2 beforehand: a cudaMalloc would let the
+    # stand-in run every queue.)
+    code = (
+        "import torch, graphtrees\n"
+        "from graphtrees import cudagraphify, mark_step_begin\n"
+        "n = 1 << 16\n"
+        "g = cudagraphify(lambda t: t.clone(), on_overwrite='copy')\n"
+        "x = torch.arange(n, dtype=torch.float32).cuda()\n"
+        "with torch.no_grad():\n"
+        "    for _ in range(3):  # warmup, record, replay\n"
+        "        mark_step_begin()\n"
+        "        g(x)\n"
+        "    x2 = torch.arange(n, 2 * n, dtype=torch.float32).cuda()\n"
+        "    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()\n"
+        "    with torch.cuda.stream(s2):\n"
+        "        tmp = torch.empty(n, device='cuda')\n"
+        "        del tmp\n"
+        "    torch.cuda.synchronize()\n"
+        "    replays = graphtrees.tree_info('cuda')['num_replays']\n"
+        "    with torch.cuda.stream(s1):\n"
+        "        mark_step_begin()\n"
+        "        y = g(x2)  # a replay, queued on s1\n"
+        "    print('replayed', graphtrees.tree_info('cuda')['num_replays'] - replays)\n"
+        "    s2.wait_stream(torch.cuda.current_stream())\n"
+        "    with torch.cuda.stream(s2):\n"
+        "        graphtrees.reset()  # y is copied out of the pool\n"
+        "    s2.synchronize()  # runs s2's work and what it waits for\n"
+        "    s1.synchronize()\n"
+        "    print('y right', torch.equal(y.cpu(), x2.cpu()))\n"
+    )
+    r = _run(code, CUDA_STANDIN_DEFERRED="1")
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    assert "replayed 1" in r.stdout, r.stdout
+    assert "y right True" in r.stdout, r.stdout
+
+
 def test_the_trees_stream_outlives_the_tree():
     # Objects made during a warmup may name the tree's own stream: a torch.cuda.Stream taken
     # there, a record_stream() of the caller's tensor on it (c10 records an event on that stream

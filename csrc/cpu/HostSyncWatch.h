@@ -2,7 +2,7 @@
 
 // What a CUDA capture would reject, watched during a CPU capture (Note [Rejected captures]).
 
-#include "CaptureWatcher.h"
+#include "CaptureObserver.h"
 
 #include <string>
 

@@ -2,7 +2,7 @@
 
 // Records the op program (cpu/OpProgram.h) of one run of a function on the calling thread.
 
-#include "CaptureWatcher.h"
+#include "CaptureObserver.h"
 #include "RngStates.h"
 #include "cpu/OpProgram.h"
 #include "cpu/RoutingAllocator.h"
