@@ -14,12 +14,16 @@
 # and, after the torch 2.14.1 CPU suite, the sanitizer stage: the extension built with
 # -fsanitize=address,undefined against torch 2.11.0 (2.14.1 when 2.11 is skipped), running the
 # tree's tests (CUDA ones on the stand-in without its value mode, CPU ones too) with 0 findings
-# allowed; and the host cost per compiled call on the stand-in against PyTorch's trees
-# (benchmarks/bench_standin.py, without the value mode: it measures graphtrees' own cost).
+# allowed; the host cost per compiled call on the stand-in against PyTorch's trees
+# (benchmarks/bench_standin.py, without the value mode: it measures graphtrees' own cost); and,
+# beside the torch 2.11 CPU files, the ThreadSanitizer stage: the extension built with
+# -fsanitize=thread against torch 2.14.1, running the tests that start threads (CPU and stand-in)
+# with 0 reports allowed in graphtrees' own code (scripts/tsan.supp: what is suppressed, and why).
 #   GRAPHTREES_SKIP_TORCH211=1   only torch 2.14.1
 #   GRAPHTREES_FULL_TORCH211=1   the whole CPU suite on torch 2.11 too (not only its API-facing files)
 #   GRAPHTREES_SKIP_STANDIN=1    no CUDA stand-in stages
 #   GRAPHTREES_SKIP_SANITIZER=1  no sanitizer stage
+#   GRAPHTREES_SKIP_TSAN=1       no ThreadSanitizer stage
 #   GRAPHTREES_ALLOW_SYSTEM_PYTHON=1   install into a Python that is not a virtual environment
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -194,6 +198,90 @@ sanitizer_stage() {
   return $rc
 }
 
+# tsan_stage PYTHON LABEL: the ThreadSanitizer stage. A copy of the sources (build/tsan-src, its
+# build folder kept between runs) built in place with -fsanitize=thread (-O1 -g1: line tables for
+# the reports, about half the compile time of the default -O2 -g), then the tests that start
+# threads under it, their CPU cases and their CUDA ones on the stand-in (without its value mode),
+# with TSan's runtime preloaded into the uninstrumented Python. Reports go to files, also from the
+# tests' subprocesses; scripts/tsan_reports.py fails the stage on any report with a frame of
+# graphtrees' own code and summarises the others and what scripts/tsan.supp suppressed (its
+# comments say why). OMP_NUM_THREADS=1: TSan cannot see libgomp's barriers, and the tests are about
+# Python threads sharing trees, not intra-op parallelism. -fno-gnu-unique: at -O1 a TU keeps
+# std::piecewise_construct as a unique global, which setup.py's check takes for libstdc++ code.
+TSAN_FLAGS="-fsanitize=thread -O1 -g1 -fno-gnu-unique"
+TSAN_TESTS=(tests/test_threads.py tests/test_locks.py
+  tests/test_tree_behaviour.py::test_threads_have_their_own_trees_and_steps
+  tests/test_tree_behaviour.py::test_trees_of_exited_threads_are_freed_once_their_outputs_die
+  tests/test_tree_behaviour.py::test_backward_on_another_thread_runs_in_its_forwards_tree
+  tests/test_tree_behaviour.py::test_concurrent_first_calls_of_a_module
+  tests/test_cuda.py::test_two_threads_record_and_replay_at_once
+  tests/test_cuda.py::test_replays_drawing_random_numbers_wait_for_another_threads_capture
+  tests/test_hardening.py::test_overlapping_captures_of_two_threads_keep_the_collector_paused
+  tests/test_cpu_graphs.py::test_threads_replay_their_programs_at_once
+  tests/test_fidelity.py::test_threads_sharing_one_wrapped_module_keep_one_recording_each
+  tests/test_observer.py::test_the_shared_fork_slot_forgets_a_fork_once_its_observers_are_gone
+  tests/test_cpu_backend.py::test_routing_is_confined_to_the_calling_thread
+  tests/test_streams.py::test_a_blocking_stream_capturing_in_another_thread_is_left_alone)
+tsan_stage() {
+  local python=$1 label=$2 src=$ROOT/build/tsan-src t rc=0
+  if [[ ${GRAPHTREES_SKIP_TSAN:-0} == 1 ]]; then
+    echo "[run_tests] GRAPHTREES_SKIP_TSAN=1: the ThreadSanitizer stage is skipped"
+    return 0
+  fi
+  local tsan
+  tsan=$(readlink -f "$(${CXX:-c++} -print-file-name=libtsan.so)")
+  if [[ ! -f $tsan ]]; then
+    echo "[run_tests] the ThreadSanitizer stage is skipped: the compiler has no libtsan.so"
+    return 0
+  fi
+  t=$(date +%s)
+  "$PY" scripts/sync_tree.py "$src" || return 1
+  echo "[run_tests] building graphtrees with $TSAN_FLAGS against $label"
+  local jobs=()
+  [[ -z ${TSAN_JOBS:-} ]] || jobs=(MAX_JOBS="$TSAN_JOBS")
+  (cd "$src" && env "${jobs[@]}" GRAPHTREES_EXTRA_CFLAGS="$TSAN_FLAGS" \
+    "$python" setup.py -q build_ext --inplace) || return 1
+  if [[ $(nm -D "$src"/graphtrees/_C*.so | grep -c __tsan_func_entry) == 0 ]]; then
+    echo "[run_tests] $src/graphtrees/_C*.so is not a ThreadSanitizer build"
+    return 1
+  fi
+  stamp "ThreadSanitizer build ($label)" "$t"
+  t=$(date +%s)
+  local reports=$src/build/tsan-reports
+  rm -rf "$reports" && mkdir -p "$reports"
+  # The interpreter itself, not a wrapper script (pyenv's shim, a shell script, crashes under
+  # the runtime); the NVIDIA library folders as in the sanitizer stage (dlopen() through the
+  # runtime's interceptor searches its paths, not the caller's RUNPATH).
+  local exe libdirs
+  exe=$("$python" -c "import sys; print(sys.executable)")
+  libdirs=$("$python" -c "import glob, os, torch; print(':'.join(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), 'nvidia', '*', 'lib'))))")
+  # halt_on_error=0 and exitcode=0: every report is written and the tests pass or fail on their
+  # own; the logs decide. history_size=4: the earlier access of a race keeps its stack.
+  local env=(PYTHON="$exe" CUDA_STANDIN_VALUES=0 OMP_NUM_THREADS=1
+    TSAN_OPTIONS="suppressions=$ROOT/scripts/tsan.supp:print_suppressions=1:halt_on_error=0:exitcode=0:second_deadlock_stack=1:history_size=4:log_path=$reports/tsan")
+  local preload=$tsan ld_path=$libdirs
+  if [[ ${#STANDIN_ENV[@]} -gt 0 ]]; then
+    local kv
+    for kv in "${STANDIN_ENV[@]}"; do
+      case $kv in
+        LD_PRELOAD=*) preload="$preload:${kv#LD_PRELOAD=}" ;;
+        LD_LIBRARY_PATH=*) ld_path="${kv#LD_LIBRARY_PATH=}:$ld_path" ;;
+        CUDA_STANDIN_VALUES=*) ;;
+        *) env+=("$kv") ;;
+      esac
+    done
+    echo "[run_tests] the thread tests under ThreadSanitizer ($label; CUDA ones on the CUDA stand-in)"
+  else
+    echo "[run_tests] the thread tests under ThreadSanitizer ($label; CPU ones only: no stand-in)"
+  fi
+  (cd "$src" && env "${env[@]}" LD_PRELOAD="$preload" LD_LIBRARY_PATH="$ld_path" \
+    "$exe" -m pytest "${TSAN_TESTS[@]}" "${PYTEST_OPTS[@]}" < /dev/null) || rc=$?
+  "$PY" scripts/tsan_reports.py "$reports" > "$reports.txt" || rc=1
+  head -n 400 "$reports.txt"
+  stamp "tests under ThreadSanitizer ($label)" "$t"
+  return $rc
+}
+
 t=$(date +%s)
 "$PY" -m pip install torch==2.14.1 torchvision==0.29.1 "${DEPS[@]}"
 stamp "install (torch 2.14.1)" "$t"
@@ -279,10 +367,15 @@ lane_wait || exit 1
 [[ $san_rc == 0 ]] || exit $san_rc
 host_cost || exit 1
 if [[ ${GRAPHTREES_SKIP_TORCH211:-0} == 1 ]]; then
+  tsan_stage "$PY" "torch 2.14.1" || exit 1
   echo "[run_tests] GRAPHTREES_SKIP_TORCH211=1: the torch 2.11 stages were skipped"
   stamp "all stages" "$t_all"
   exit 0
 fi
+# The ThreadSanitizer stage (torch 2.14.1) in a lane beside the torch 2.11 CPU files, which keep
+# one core busy: its build compiles one file at a time (TSAN_JOBS=1) on the other.
+echo "[run_tests] beside the torch 2.11 CPU files: the ThreadSanitizer stage (logged below when done)"
+TSAN_JOBS=${TSAN_JOBS:-1} lane_start tsan_stage "$PY" "torch 2.14.1"
 
 # On torch 2.11 the CPU suite's files that touch what differs between the two torches (the
 # extension's symbols and stubs, dynamo and AOTAutograd, piecewise splitting, the CPU program
@@ -300,5 +393,6 @@ OTHER_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])
 GRAPHTREES_OTHER_TORCH_SITE=$OTHER_SITE PYTHON="$VENV/bin/python" \
   "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" "${PYTEST_OPTS[@]}" || cpu_rc=$?
 stamp "tests (torch 2.11.0)" "$t"
+lane_wait || exit 1
 [[ $cpu_rc == 0 ]] || exit $cpu_rc
 stamp "all stages" "$t_all"
