@@ -12,12 +12,6 @@ const c10::StorageImpl* storageOf(const at::Tensor& t) {
   return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
 }
 
-void appendPair(std::string* key, char tag, uint32_t later, uint32_t earlier) {
-  key->push_back(tag);
-  key->append(reinterpret_cast<const char*>(&later), sizeof(later));
-  key->append(reinterpret_cast<const char*>(&earlier), sizeof(earlier));
-}
-
 }  // namespace
 
 void ModuleTensorIndex::build(const std::vector<at::Tensor>& module_tensors) {
@@ -31,13 +25,11 @@ void ModuleTensorIndex::build(const std::vector<at::Tensor>& module_tensors) {
   }
 }
 
-void ArgumentAliases::compute(const std::vector<at::Tensor>& tensors, size_t keyed,
-                              std::string* key) {
+void ArgumentAliases::compute(const std::vector<at::Tensor>& tensors, size_t keyed) {
   same_.clear();
   storage_.clear();
   auto note = [&](size_t i, size_t j, bool same) {
     (same ? same_ : storage_).emplace_back(static_cast<uint32_t>(i), static_cast<uint32_t>(j));
-    appendPair(key, same ? '=' : '~', static_cast<uint32_t>(i), static_cast<uint32_t>(j));
   };
   if (keyed <= 8) {  // pointer compares beat a hash map for the usual few arguments
     std::array<const c10::StorageImpl*, 8> storages{};
@@ -72,14 +64,13 @@ void ArgumentAliases::compute(const std::vector<at::Tensor>& tensors, size_t key
 }
 
 void ArgumentAliases::addModuleTensors(const std::vector<at::Tensor>& tensors, size_t keyed,
-                                       const ModuleTensorIndex& module, std::string* key) {
+                                       const ModuleTensorIndex& module) {
   if (module.tensors.empty()) return;
   for (size_t i = 0; i < keyed; ++i) {
     auto it = module.tensors.find(tensors[i].unsafeGetTensorImpl());
     if (it != module.tensors.end()) {
       // The module tensor comes later in the flat list: it is the later position of the pair.
       same_.emplace_back(static_cast<uint32_t>(keyed + it->second), static_cast<uint32_t>(i));
-      appendPair(key, '=', static_cast<uint32_t>(keyed + it->second), static_cast<uint32_t>(i));
       continue;
     }
     const c10::StorageImpl* storage = storageOf(tensors[i]);
@@ -87,7 +78,6 @@ void ArgumentAliases::addModuleTensors(const std::vector<at::Tensor>& tensors, s
     auto st = module.storages.find(storage);
     if (st != module.storages.end()) {
       storage_.emplace_back(static_cast<uint32_t>(keyed + st->second), static_cast<uint32_t>(i));
-      appendPair(key, '~', static_cast<uint32_t>(keyed + st->second), static_cast<uint32_t>(i));
     }
   }
 }

@@ -9,7 +9,8 @@
 // tensor, and a write through one position shows through the others. The alias map says, for
 // each position, the first position holding the same tensor and the first holding a tensor over
 // the same storage. It is computed with the call key (FlatArgs::rekey, then
-// addModuleTensors()) and its pairs are part of the key, so every call of a signature has the
+// addModuleTensors()) and its pairs are part of the key (Note [The call signature] in
+// CallSignature.h), so every call of a signature has the
 // same map: the signature's FunctionRecord keeps it, and each call only pays for comparing its
 // own argument tensors (pointer compares, a hash lookup per argument against the module's).
 // Every decision that depends on identity reads this map, and only it:
@@ -45,12 +46,18 @@ struct ModuleTensorIndex {
 
 class ArgumentAliases {
  public:
-  // The map of `tensors[0, keyed)` among themselves; appends its pairs to `key`.
-  void compute(const std::vector<at::Tensor>& tensors, size_t keyed, std::string* key);
+  // (later position, earlier position) pairs, in the order found.
+  using Pairs = std::vector<std::pair<uint32_t, uint32_t>>;
+
+  // The map of `tensors[0, keyed)` among themselves.
+  void compute(const std::vector<at::Tensor>& tensors, size_t keyed);
   // Adds the module tensors that follow the `keyed` argument tensors at flat position `keyed`:
-  // the arguments that are (or share memory with) one of them. Appends its pairs to `key`.
+  // the arguments that are (or share memory with) one of them. Their pairs are added last.
   void addModuleTensors(const std::vector<at::Tensor>& tensors, size_t keyed,
-                        const ModuleTensorIndex& module, std::string* key);
+                        const ModuleTensorIndex& module);
+  // The pairs, which the call key holds (Note [The call signature] in CallSignature.h).
+  const Pairs& samePairs() const { return same_; }
+  const Pairs& storagePairs() const { return storage_; }
 
   // Whether no position aliases another (the common case: every question below is trivial).
   bool none() const { return same_.empty() && storage_.empty(); }
@@ -62,8 +69,6 @@ class ArgumentAliases {
   std::vector<uint8_t> inPlace(std::vector<uint8_t> is_static) const;
 
  private:
-  // (later position, earlier position) pairs, in the order found.
-  using Pairs = std::vector<std::pair<uint32_t, uint32_t>>;
   static size_t firstOf(const Pairs& pairs, size_t i);
   Pairs same_;     // the same TensorImpl
   Pairs storage_;  // another TensorImpl over the same StorageImpl

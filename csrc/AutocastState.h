@@ -25,7 +25,7 @@ namespace graphtrees {
 // read memory that is freed and reused when the region ends, and never see parameter updates.
 // Warmups, captures and CPU-emulation replays (the only replays that run Python) therefore run
 // with the cache disabled (the casts become part of the recording), and the autocast state is
-// part of the call signature (GraphedCallable).
+// part of the call key (Note [The call signature] in CallSignature.h).
 // An autocast region opened *inside* the function turns the cache back on (torch.autocast's
 // __enter__ sets it), and under an outer region its __exit__ does not clear it: the casts it
 // cached during a warmup would live in the pool, held by C++ where Note [Kept state] cannot

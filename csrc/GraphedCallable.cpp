@@ -1,15 +1,12 @@
 #include "GraphedCallable.h"
 
-#include "AutocastState.h"
 #include "BackendFactory.h"
 #include "Logging.h"
 #include "ThreadState.h"
 #include "TreeRegistry.h"
 #include "Verifier.h"
 
-#include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
-#include <c10/core/DefaultDtype.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -57,7 +54,28 @@ void clearTracebackFrames(const py::error_already_set& e) {
   }
 }
 
+// Note [Verified replays]: before the call, what the eager run of a verified replay needs.
+std::optional<ReplayVerifier> verifierFor(Verify verify, const Signature& sig, const FlatArgs& flat,
+                                          c10::Device device) {
+  if (verify == Verify::kOff) return std::nullopt;
+  std::vector<at::Tensor> state;
+  for (const auto& weak : sig.verify_state) {
+    if (auto impl = weak.lock()) state.emplace_back(std::move(impl));
+  }
+  return std::optional<ReplayVerifier>(std::in_place, flat, device, std::move(state));
+}
+
 }  // namespace
+
+std::string GraphedCallable::thrashingReason() const {
+  return "more call signatures (shapes, dtypes, argument values) keep coming than "
+         "max_recorded_shapes=" +
+         std::to_string(options_.max_recorded_shapes) +
+         " recordings are kept for, and every eviction threw away a recording that never "
+         "replayed; the recorded signatures are kept and new ones run eagerly. Pass "
+         "buckets=[...] to graphtrees.cudagraphify to pad batch sizes up to a few recorded "
+         "sizes, or raise max_recorded_shapes";
+}
 
 GraphedCallable::GraphedCallable(py::object fn, const GraphOptions& options, py::object module,
                                  std::string name, FunctionMode mode, std::string eager_reason)
@@ -221,7 +239,8 @@ py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwa
 // every tensor result whose size along bucket_dim is that bucket is narrowed back to b (a view
 // of the padded result). A batch above the largest bucket runs eagerly. All buckets' recordings
 // live in the one tree and pool; a function whose result mixes the batch (a sum over it, say)
-// sees the zeros, which is the caller's to account for.
+// sees the zeros, which is the caller's to account for. The call key is the padded call's (Note
+// [The call signature] in CallSignature.h).
 int64_t GraphedCallable::batchOf(const FlatArgs& flat) const {
   const int64_t d = options_.bucket_dim;
   for (size_t i = 0; i < flat.keyed_tensors; ++i) {
@@ -296,6 +315,52 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
   return spec.unflatten(outs, rebuilt.first, rebuilt.second);
 }
 
+void GraphedCallable::addModuleTensors(FlatArgs* flat) {
+  if (module_.is_none()) return;
+  refreshModuleTensors();
+  const std::shared_ptr<const ModuleTensors> snapshot = module_tensors_;  // a stable one
+  flat->addModule(module_.attr("training").cast<bool>(), snapshot->tensors, snapshot->index);
+}
+
+py::object GraphedCallable::runFunction(Signature& sig, const py::args& args,
+                                        const py::kwargs& kwargs,
+                                        const std::vector<at::Tensor>& tensors,
+                                        size_t keyed_tensors) {
+  auto rebuilt = rebuildArgs(args, kwargs, tensors);
+  try {
+    if (options_.verify != Verify::kOff && !sig.verify_state_known) {
+      return runFindingState(sig, rebuilt, tensors, keyed_tensors);
+    }
+    return fn_(*rebuilt.first, **rebuilt.second);
+  } catch (py::error_already_set& e) {
+    // A backend may handle this error (a rejected capture): free the pool tensors that the
+    // failed run's frames hold before it does anything else -- unless a device capture is
+    // still under way (Note [Freeing during a capture] in ThreadState.h).
+    if (!deviceCaptureUnderway()) clearTracebackFrames(e);
+    // Out of memory comes back as the C++ error it started as, which the tree handles (Note
+    // [Out of memory] in TreeManager.h).
+    if (e.matches(outOfMemoryErrorType())) {
+      const std::string what = py::str(e.value()).cast<std::string>();
+      TORCH_CHECK_WITH(OutOfMemoryError, false, what);
+    }
+    throw;
+  }
+}
+
+void GraphedCallable::noteRan(Signature& sig) {
+  if (sig.ran) return;
+  sig.ran = true;
+  // Buckets are meant to be many signatures: the warning counts past them. A call that failed
+  // (a TypeError for a wrong argument, say) is not a signature the function runs with.
+  const int64_t warn_at = kSignatureWarnLimit + static_cast<int64_t>(options_.buckets.size());
+  if (options_.max_recorded_shapes == 0 && ++signatures_ran_ == warn_at + 1) {
+    GRAPHTREES_LOG(LogLevel::kWarning,
+                   "'" + name_ + "' has been called with more than " + std::to_string(warn_at) +
+                       " distinct signatures (shapes, dtypes or non-tensor argument values); each "
+                       "one is warmed up and recorded separately and keeps its own pool memory");
+  }
+}
+
 py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kwargs,
                                       FlatArgs* flattened) {
   // A graphed function called while another one is being warmed up, recorded or replayed on this
@@ -308,169 +373,36 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
   } else {
     flattenArgs(args, kwargs, static_args_, &flat);
   }
-  if (!module_.is_none()) {
-    refreshModuleTensors();
-    const std::shared_ptr<const ModuleTensors> snapshot = module_tensors_;  // a stable one
-    const std::vector<at::Tensor>& module_tensors = snapshot->tensors;
-    flat.key.push_back(module_.attr("training").cast<bool>() ? 'R' : 'E');
-    const auto count = static_cast<uint32_t>(module_tensors.size());
-    flat.key.append(reinterpret_cast<const char*>(&count), sizeof(count));
-    const size_t keyed = flat.tensors.size();
-    for (const auto& t : module_tensors) {
-      flat.tensors.push_back(t);
-      flat.is_static.push_back(1);
-    }
-    // An argument that is one of the module's tensors (model(x, model.buf)) is that tensor.
-    flat.aliases.addModuleTensors(flat.tensors, keyed, snapshot->index, &flat.key);
+  addModuleTensors(&flat);
+  // The key's last components (the state the call runs under), or why the call cannot be graphed
+  // (Note [The call signature] in CallSignature.h).
+  std::string why_eager;
+  switch (flat.complete(&why_eager)) {
+    case FlatArgs::Verdict::kEager:
+      return fallback(args, kwargs, flat, why_eager);
+    case FlatArgs::Verdict::kNested:  // inside the caller's own capture: part of it
+      return fn_(*args, **kwargs);
+    case FlatArgs::Verdict::kGraph:
+      break;
   }
-  if (!flat.unsupported.empty())
-    return fallback(args, kwargs, flat, "it was called with " + flat.unsupported);
-  if (flat.tensors.empty()) {
-    return fallback(args, kwargs, flat, "it has no tensor arguments to tell its device");
-  }
-  const c10::Device device = flat.tensors[0].device();
-  if (!device.is_cpu() && !device.is_cuda()) {
-    return fallback(args, kwargs, flat,
-                    "its tensors are on the " + device.str() +
-                        " device; graphtrees records functions on CPU and CUDA tensors");
-  }
-  // Inside the caller's own capture (torch.cuda.graph): part of it, like a nested call.
-  if (callerIsCapturing(device)) return fn_(*args, **kwargs);
-  // Autocast changes what the function computes: a recording made under it is another function
-  // (Note [Autocast and recordings] in AutocastState.h).
-  if (at::autocast::is_autocast_enabled(device.type())) {
-    flat.key.push_back('A');
-    flat.key.push_back(static_cast<char>(at::autocast::get_autocast_dtype(device.type())));
-  }
-  // torch.set_default_dtype() changes what factory calls inside the function make: another
-  // recording, as autocast is.
-  if (const auto d = c10::typeMetaToScalarType(c10::get_default_dtype());
-      d != c10::ScalarType::Float) {
-    flat.key.push_back('D');
-    flat.key.push_back(static_cast<char>(d));
-  }
-  const bool grad = at::GradMode::is_enabled();
-  // Grad mode changes what a function that reaches tensors requiring grad computes (a closure's
-  // parameters): another signature.
-  if (grad) flat.key.push_back('g');
-  for (size_t i = 0; i < flat.tensors.size(); ++i) {
-    const at::Tensor& t = flat.tensors[i];
-    if (t.device() != device) {
-      return fallback(args, kwargs, flat,
-                      "its tensors are on several devices (" + device.str() + " and " +
-                          t.device().str() + "); a graph runs on one device");
-    }
-    if (grad && t.requires_grad()) {
-      return fallback(args, kwargs, flat,
-                      std::string("it needs autograd: grad mode is on and ") +
-                          (flat.is_static[i] ? "a parameter or static input" : "an input") +
-                          " requires grad. Call it under torch.no_grad() or "
-                          "torch.inference_mode() to graph it");
-    }
-  }
-  std::string why_not;
+  const c10::Device device = flat.device();
   // A backward belongs with its forward, whichever thread autograd runs it on.
   std::shared_ptr<TreeManager> found = TreeRegistry::find(
-      device, &why_not, mode_ == FunctionMode::kBackward ? &flat.tensors : nullptr);
-  if (found == nullptr) return fallback(args, kwargs, flat, why_not);
+      device, &why_eager, mode_ == FunctionMode::kBackward ? &flat.tensors : nullptr);
+  if (found == nullptr) return fallback(args, kwargs, flat, why_eager);
 
   const std::shared_ptr<Signature> sig_holder = signatureFor(flat, device);
-  if (!sig_holder) {
-    return fallback(args, kwargs, flat,
-                    "more call signatures (shapes, dtypes, argument values) keep coming than "
-                    "max_recorded_shapes=" +
-                        std::to_string(options_.max_recorded_shapes) +
-                        " recordings are kept for, and every eviction threw away a recording "
-                        "that never replayed; the recorded signatures are kept and new ones run "
-                        "eagerly. Pass buckets=[...] to graphtrees.cudagraphify to pad batch "
-                        "sizes up to a few recorded sizes, or raise max_recorded_shapes");
-  }
+  if (!sig_holder) return fallback(args, kwargs, flat, thrashingReason());
   Signature& sig = *sig_holder;
-  py::object result;
-  const std::string& fname = sig.record.name;
+  py::object result;  // the run's own result: what a warmup or an eager run returns
+  // Each run learns or checks the result structure (Note [Results of a signature]).
   RunFn run = [&](const std::vector<at::Tensor>& tensors) {
-    auto rebuilt = rebuildArgs(args, kwargs, tensors);
-    py::object out;
-    try {
-      if (options_.verify != Verify::kOff && !sig.verify_state_known) {
-        out = runFindingState(sig, rebuilt, tensors, flat.keyed_tensors);
-      } else {
-        out = fn_(*rebuilt.first, **rebuilt.second);
-      }
-    } catch (py::error_already_set& e) {
-      // A backend may handle this error (a rejected capture): free the pool tensors that the
-      // failed run's frames hold before it does anything else -- unless a device capture is
-      // still under way (Note [Freeing during a capture] in ThreadState.h).
-      if (!deviceCaptureUnderway()) clearTracebackFrames(e);
-      // Out of memory comes back as the C++ error it started as, which the tree handles (Note
-      // [Out of memory] in TreeManager.h).
-      if (e.matches(outOfMemoryErrorType())) {
-        const std::string what = py::str(e.value()).cast<std::string>();
-        TORCH_CHECK_WITH(OutOfMemoryError, false, what);
-      }
-      throw;
-    }
-    std::vector<at::Tensor> outs;
-    if (!sig.spec) {
-      // The first run (a warmup) tells whether the results can be graphed at all. A result type
-      // graphtrees cannot rebuild (transformers' DynamicCache, say) makes the function eager,
-      // like an argument it cannot graph: this call returns the real result (the warmup's pool
-      // tensors it holds are moved out of the pool as kept state), later ones run eagerly. A
-      // function that runs eagerly anyway needs no result structure.
-      if (sig.record.eager_reason.empty()) {
-        try {
-          sig.spec =
-              std::make_unique<OutputSpec>(OutputSpec::flatten(out, &outs, fname, args, kwargs));
-        } catch (const py::type_error& e) {
-          const std::string what = e.what();
-          sig.record.eager_reason =
-              what.substr(what.find(": ") + 2) +
-              (what.find("Cache") != std::string::npos
-                   ? " (for a transformers model, pass use_cache=False, or pass a StaticCache "
-                     "as its cache argument: a cache passed in is returned as it is)"
-                   : "");
-          outs.clear();
-        }
-        // Results that need autograd although no argument does: the function reaches
-        // parameters through a closure (cudagraphify(lambda x: lin(x))). A replay would return
-        // them detached, and their .grad would never be set.
-        if (at::GradMode::is_enabled() &&
-            std::any_of(outs.begin(), outs.end(),
-                        [](const at::Tensor& t) { return t.requires_grad(); })) {
-          sig.record.eager_reason =
-              "its results require grad through tensors that are not its arguments "
-              "(parameters reached through a closure): pass the module to "
-              "graphtrees.cudagraphify (its parameters are then inputs), train through "
-              "torch.compile(backend=\"graphtrees\"), or call it under torch.no_grad()";
-          outs.clear();
-        }
-      }
-      result = std::move(out);
-      return outs;
-    }
-    OutputSpec spec = OutputSpec::flatten(out, &outs, fname, args, kwargs);
-    if (sig.record.eager_reason.empty() && !sig.spec->sameAs(spec)) {
-      sig.record.eager_reason = "its non-tensor results change between calls (first " +
-                                sig.spec->describe() + ", now " + spec.describe() + ")";
-      throw std::runtime_error(
-          "graphtrees: '" + fname + "' returned " + spec.describe() +
-          " where an earlier call returned " + sig.spec->describe() +
-          ". A recorded graph returns the non-tensor values it saw when it was recorded, so "
-          "results whose structure or Python values change between calls cannot be graphed; "
-          "return such values as tensors. This function runs eagerly from now on.");
-    }
+    py::object out = runFunction(sig, args, kwargs, tensors, flat.keyed_tensors);
+    std::vector<at::Tensor> outs = sig.learnResults(out, args, kwargs);
     result = std::move(out);
     return outs;
   };
-
-  std::optional<ReplayVerifier> verifier;  // Note [Verified replays]
-  if (options_.verify != Verify::kOff) {
-    std::vector<at::Tensor> state;
-    for (const auto& weak : sig.verify_state) {
-      if (auto impl = weak.lock()) state.emplace_back(std::move(impl));
-    }
-    verifier.emplace(flat, device, std::move(state));
-  }
+  std::optional<ReplayVerifier> verifier = verifierFor(options_.verify, sig, flat, device);
   CallResult r;
   TreeRegistry::Handle tree;
   try {
@@ -479,19 +411,7 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     clearTracebackFrames(e);
     throw;
   }
-  if (!sig.ran) {
-    sig.ran = true;
-    // Buckets are meant to be many signatures: the warning counts past them. A call that failed
-    // (a TypeError for a wrong argument, say) is not a signature the function runs with.
-    const int64_t warn_at = kSignatureWarnLimit + static_cast<int64_t>(options_.buckets.size());
-    if (options_.max_recorded_shapes == 0 && ++signatures_ran_ == warn_at + 1) {
-      GRAPHTREES_LOG(
-          LogLevel::kWarning,
-          "'" + name_ + "' has been called with more than " + std::to_string(warn_at) +
-              " distinct signatures (shapes, dtypes or non-tensor argument values); each "
-              "one is warmed up and recorded separately and keeps its own pool memory");
-    }
-  }
+  noteRan(sig);
   py::object out = (r.kind == RunKind::kEager || r.kind == RunKind::kWarmup)
                        ? std::move(result)
                        : sig.spec->unflatten(r.outputs, args, kwargs);
@@ -500,7 +420,7 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
   if (tree) tree->debugCheck(sig.record, r.kind);  // none: it ran eagerly, nested (TreeLock.h)
   tree = TreeRegistry::Handle();                   // the verifier's eager run is user code
   if (verifier && r.kind == RunKind::kReplay) {
-    return verifier->check(fname, options_.verify, std::move(out), *r.graph,
+    return verifier->check(sig.record.name, options_.verify, std::move(out), *r.graph,
                            [&](const std::vector<at::Tensor>& copies) {
                              auto rebuilt = rebuildArgs(args, kwargs, copies);
                              return fn_(*rebuilt.first, **rebuilt.second);

@@ -3,8 +3,10 @@
 // The object `graphtrees.cudagraphify()` returns: a callable that flattens its arguments in C++,
 // picks the function record for the call signature, and hands the call to the device's tree.
 
+#include "CallSignature.h"
 #include "FunctionRecord.h"
 #include "GraphOptions.h"
+#include "OutputSpec.h"
 #include "PyTree.h"
 #include "SignatureCache.h"
 
@@ -67,6 +69,15 @@ class GraphedCallable {
   // ones instead.
   std::shared_ptr<Signature> signatureFor(const FlatArgs& flat, c10::Device device);
   void refreshModuleTensors();
+  // Component 4 of the key (Note [The call signature]): the module's tensors, a stable snapshot.
+  void addModuleTensors(FlatArgs* flat);
+  // Why a new signature runs eagerly when signatureFor() returns nullptr.
+  std::string thrashingReason() const;
+  // One run of fn_ on `tensors` (the call's, or the tree's placeholders) in place of the call's.
+  py::object runFunction(Signature& sig, const py::args& args, const py::kwargs& kwargs,
+                         const std::vector<at::Tensor>& tensors, size_t keyed_tensors);
+  // A call of `sig` returned: the warning past kSignatureWarnLimit signatures.
+  void noteRan(Signature& sig);
   // Note [Buckets]: the call's batch size, or -1; the padding (or cut) of its tensors.
   int64_t batchOf(const FlatArgs& flat) const;
   void resizeBatch(FlatArgs* flat, int64_t from, int64_t to) const;

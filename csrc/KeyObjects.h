@@ -10,7 +10,8 @@ namespace graphtrees {
 
 // Note [Objects in the call signature]
 // An argument that is neither a tensor, a container nor a Python scalar (an enum, a numpy
-// scalar, a user's object) goes into the key as its type and hash. A hash does not identify a
+// scalar, a user's object) goes into the key as its type and hash (Note [The call signature] in
+// CallSignature.h). A hash does not identify a
 // value (hash(np.int64(-1)) == hash(np.int64(-2))), and an identity hash is an address that a
 // dead object's successor may reuse. So each signature also holds its objects: a value-hashed
 // one itself (compared with ==; a float, complex or numpy scalar bit for bit, as Python floats in

@@ -1,12 +1,72 @@
 #include "SignatureCache.h"
 
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
 #include <iterator>
+#include <stdexcept>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 namespace graphtrees {
+
+// Note [Results of a signature]
+// The first run of a signature (a warmup) learns the structure of its results, which every
+// replay rebuilds around the replayed tensors, and tells whether they can be graphed at all. A
+// result type graphtrees cannot rebuild (transformers' DynamicCache, say) makes the function
+// eager, like an argument it cannot graph: this call returns the real result (the warmup's pool
+// tensors it holds are moved out of the pool as kept state), later ones run eagerly. So do
+// results that need autograd although no argument does (the function reaches parameters through
+// a closure: cudagraphify(lambda x: lin(x))): a replay would return them detached, and their
+// .grad would never be set. A function that runs eagerly anyway needs no result structure.
+// Later runs (warmups, the recording) must return the same structure and equal non-tensor
+// values: a recorded graph returns the values it saw when it was recorded. One that changes
+// makes the function eager and raises (the structure is part of what the call signature, Note
+// [The call signature] in CallSignature.h, cannot see).
+std::vector<at::Tensor> Signature::learnResults(py::handle out, py::handle args,
+                                                py::handle kwargs) {
+  const std::string& fname = record.name;
+  std::vector<at::Tensor> outs;
+  if (!spec) {
+    if (!record.eager_reason.empty()) return outs;
+    try {
+      spec = std::make_unique<OutputSpec>(OutputSpec::flatten(out, &outs, fname, args, kwargs));
+    } catch (const py::type_error& e) {
+      const std::string what = e.what();
+      record.eager_reason =
+          what.substr(what.find(": ") + 2) +
+          (what.find("Cache") != std::string::npos
+               ? " (for a transformers model, pass use_cache=False, or pass a StaticCache "
+                 "as its cache argument: a cache passed in is returned as it is)"
+               : "");
+      outs.clear();
+    }
+    if (at::GradMode::is_enabled() &&
+        std::any_of(outs.begin(), outs.end(),
+                    [](const at::Tensor& t) { return t.requires_grad(); })) {
+      record.eager_reason =
+          "its results require grad through tensors that are not its arguments "
+          "(parameters reached through a closure): pass the module to "
+          "graphtrees.cudagraphify (its parameters are then inputs), train through "
+          "torch.compile(backend=\"graphtrees\"), or call it under torch.no_grad()";
+      outs.clear();
+    }
+    return outs;
+  }
+  OutputSpec now = OutputSpec::flatten(out, &outs, fname, args, kwargs);
+  if (record.eager_reason.empty() && !spec->sameAs(now)) {
+    record.eager_reason = "its non-tensor results change between calls (first " + spec->describe() +
+                          ", now " + now.describe() + ")";
+    throw std::runtime_error(
+        "graphtrees: '" + fname + "' returned " + now.describe() +
+        " where an earlier call returned " + spec->describe() +
+        ". A recorded graph returns the non-tensor values it saw when it was recorded, so "
+        "results whose structure or Python values change between calls cannot be graphed; "
+        "return such values as tensors. This function runs eagerly from now on.");
+  }
+  return outs;
+}
 
 std::shared_ptr<Signature> SignatureCache::find(const std::string& key) {
   std::lock_guard<std::mutex> guard(mutex_);

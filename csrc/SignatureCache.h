@@ -4,7 +4,8 @@
 // bounds how many are kept (max_recorded_shapes): Note [Eviction without thrashing].
 
 #include "FunctionRecord.h"
-#include "PyTree.h"
+#include "KeyObjects.h"
+#include "OutputSpec.h"
 
 #include <c10/core/Device.h>
 #include <c10/core/TensorImpl.h>
@@ -30,6 +31,10 @@ struct Signature {
   // verify: the tensors its first run wrote that are not its arguments (Note [Verified replays])
   bool verify_state_known = false;
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> verify_state;
+
+  // The tensors of `out`, what a run of the call (`args`, `kwargs`) returned, for the tree:
+  // Note [Results of a signature]. Empty when the signature runs eagerly from now on.
+  std::vector<at::Tensor> learnResults(py::handle out, py::handle args, py::handle kwargs);
 };
 
 // Note [Signatures and blocking calls]

@@ -21,8 +21,8 @@
 // saw, the state is updated once, and verify="warn" changes no state. A write the first run did
 // not make (a branch taken later) is not covered; the CPU backend's recorded ops would name it.
 
+#include "CallSignature.h"
 #include "GraphOptions.h"
-#include "PyTree.h"
 #include "RngStates.h"
 
 #include <ATen/core/Generator.h>
