@@ -2,10 +2,11 @@
 a shared 2-core machine cannot settle (measurements, not a test):
 
     valgrind --tool=callgrind --collect-atstart=no \
-        --toggle-collect='graphtrees::GraphedCallable::call*' \
+        --toggle-collect='graphtrees::GraphedCallable::call(*' \
         python benchmarks/callgrind_calls.py <checkout with a built graphtrees> 500
 
-counts the instructions inside GraphedCallable::call (flattening, the tree, the CPU replay
+counts the instructions inside GraphedCallable::call (`call(*`: a pattern `call*` also matches
+callExact, and its second match switches the collection off inside it; flattening, the tree, the CPU replay
 re-running the function, rebuilding the results) for 6 warmup/recording calls and 2 x 500 replays
 of a 1-input and an 8-input function.
 """

@@ -6,6 +6,7 @@
 #include "Logging.h"
 
 #include <exception>
+#include <optional>
 #include <string>
 
 namespace graphtrees {
@@ -34,5 +35,20 @@ class BackendCall {
   Backend& backend_;
   bool active_ = true;
 };
+
+// Runs `work` outside a call, ordered as a call's work is (evictions, reset(): Note [Streams of
+// the pool] in cuda/PoolStreams.cpp): after the pool's last use on any stream. A failure to order
+// it is logged, and the work runs anyway: freeing must not stop halfway.
+template <typename Work>
+void runOrdered(Backend& backend, Work&& work) {
+  std::optional<BackendCall> call;
+  try {
+    call.emplace(backend);
+  } catch (const std::exception& e) {
+    GRAPHTREES_LOG(LogLevel::kWarning,
+                   std::string("ordering work after the pool's use: ") + e.what());
+  }
+  work();
+}  // ~BackendCall ends the call, logging its errors
 
 }  // namespace graphtrees

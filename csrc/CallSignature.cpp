@@ -181,7 +181,7 @@ void flattenArg(PyObject* obj, bool is_static, int depth, FlatArgs* out) {
     key->push_back('o');
     appendRaw(key, reinterpret_cast<uintptr_t>(Py_TYPE(obj)));
     appendRaw(key, static_cast<int64_t>(h));
-    // Note [Objects in the call signature]
+    // Held beside the key: Note [Objects in the call signature] in KeyObjects.h.
     out->key_objects.push_back(py::reinterpret_borrow<py::object>(obj));
   }
 }

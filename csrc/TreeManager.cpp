@@ -51,9 +51,7 @@ void TreeManager::close() {
   closed_ = true;
   pinned_by_node_.clear();
   pinned_by_warmup_function_.clear();
-  BackendCall ordered(*backend_);  // the migrations follow the pool's last use, as in evictFunction
-  live_.invalidateAll("graphtrees.reset() freed the pool");
-  ordered.end();
+  runOrdered(*backend_, [&] { live_.invalidateAll("graphtrees.reset() freed the pool"); });
   path_.clear();
   current_ = nullptr;
   root_.clearChildren();    // graphs first: they may hold references to the pool
@@ -307,18 +305,16 @@ bool TreeManager::evictFunction(int64_t function_id, const std::string& why, boo
     if (later) pending_evictions_.emplace_back(function_id, why);
     return later;
   }
-  // Outside a call: the migrations of its outputs (on_overwrite="copy") must follow the pool's last
-  // use on another stream, as a call's would (Note [Streams of the pool] in cuda/PoolStreams.cpp).
-  BackendCall ordered(*backend_);
-  for (TreeNode* v : victims) {
-    GRAPHTREES_LOG(LogLevel::kInfo, "evicted node " + std::to_string(v->id()) + " ('" +
-                                        v->functionName() + "'): " + why);
-    removeNode(v, "its recording was evicted: " + why);
-  }
+  runOrdered(*backend_, [&] {  // migrations of outputs (on_overwrite="copy") outside a call
+    for (TreeNode* v : victims) {
+      GRAPHTREES_LOG(LogLevel::kInfo, "evicted node " + std::to_string(v->id()) + " ('" +
+                                          v->functionName() + "'): " + why);
+      removeNode(v, "its recording was evicted: " + why);
+    }
+  });
   pinned_by_warmup_function_.erase(function_id);
   functions_.erase(function_id);  // its state here (warmups, generators): it never runs again
   counters_.num_evictions++;
-  ordered.end();
   return true;
 }
 
@@ -494,6 +490,7 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
                       (c10_error ? c10_error->what_without_backtrace() : e.what());
     if (live_.moveResultsOutOfPool(rec.outputs, rec.inputs, rec.plan.copied())) {
       noteFallback(fn, fn.eager_reason);
+      rec.plan.writeBackRecording(ins);  // the run's mutations of copied inputs, as eagerly
       return {std::move(rec.outputs), RunKind::kEager};
     }
     rec = Recording();
@@ -567,11 +564,13 @@ CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
     // What the caller holds now: its own tensor, unless it was invalidated (then the clone the
     // replay read), which the write-back fills and outputs aliasing the input alias.
     targets = plan.writeBack(inputs, sources, written);
-  } catch (const std::exception& e) {
-    // Note [A failed replay] in TreeManager.h.
-    if (!propagatesAsIs(e) && fn.eager_reason.empty()) {
-      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-      const std::string why = c10_error ? c10_error->what_without_backtrace() : e.what();
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // Note [Out of memory]: a later call may find room
+  } catch (const c10::Error& e) {
+    // Note [A failed replay] in TreeManager.h: graphtrees' own steps failed (an error of the
+    // user's code comes back as a Python error, and is the user's).
+    if (fn.eager_reason.empty()) {
+      const std::string why = e.what_without_backtrace();
       fn.eager_reason = "its replay failed: " + why.substr(0, why.find('\n'));
       noteFallback(fn, fn.eager_reason);
     }

@@ -7,6 +7,7 @@
 // memory a later run overwrites. It talks to the device only through the Backend interface.
 
 #include "Backend.h"
+#include "BackendCall.h"
 #include "FunctionRecord.h"
 #include "LiveOutputs.h"
 #include "PathPolicy.h"
@@ -95,14 +96,17 @@ class TreeManager {
   // Applies the pending evictions (applyPending()), first ending the path if its first recording
   // is one of them (the whole path goes with it): torch._dynamo.reset() with graphtrees.install().
   // Nothing while a call is in flight.
+  // Ordered as a call's work (runOrdered(): the path's end migrates on_overwrite="copy" outputs).
   void settlePending() {
     if (lock_.callInFlight()) return;
-    if (!path_.empty() &&
-        std::any_of(pending_evictions_.begin(), pending_evictions_.end(),
-                    [&](const auto& p) { return p.first == path_[0]->functionId(); })) {
-      endPath("its recordings were evicted", {});
-    }
-    applyPending();
+    runOrdered(*backend_, [&] {
+      if (!path_.empty() &&
+          std::any_of(pending_evictions_.begin(), pending_evictions_.end(),
+                      [&](const auto& p) { return p.first == path_[0]->functionId(); })) {
+        endPath("its recordings were evicted", {});
+      }
+      applyPending();
+    });
   }
   // True iff idle() and the tree holds no recording: freeing it loses nothing but its counters.
   bool empty() { return counters_.num_nodes == 0 && idle(); }
@@ -220,9 +224,13 @@ class TreeManager {
   // recording, a failed input copy or write-back) leaves the tree consistent: the path stays at
   // the node's parent, nothing of the replay is tracked, and what its memory holds is read by
   // nobody (every output over it was invalidated). The error propagates to the caller -- the
-  // function may have run (a Python replay), so it is not run a second time -- and the function
-  // runs eagerly from its next call, with the reason, rather than failing the same way at each
-  // call; an interruption or the user's own error (propagatesAsIs()) does not mark it.
+  // function may have run (a Python replay), so it is not run a second time -- and when the
+  // failure is graphtrees' own (a c10::Error: the divergence, a copy), the function runs eagerly
+  // from its next call, with the reason, rather than failing the same way at each call. An error
+  // raised by the user's code in a Python replay (any Python exception, RuntimeError included)
+  // and an out-of-memory error (Note [Out of memory]) do not mark it. The mutations such a
+  // failed Python replay made to copied inputs are not written back (eagerly the caller would
+  // see those made before the error).
   // Note [Pinned gradients]
   // A backward's outputs are gradients. Autograd "steals" a gradient whose only reference is its
   // own (it becomes .grad without a copy) and accumulates in place into such buffers; a gradient in

@@ -53,6 +53,36 @@ def test_data_dependent_control_flow_raises_a_clear_error():
     assert_invariants("cpu")
 
 
+@pytest.mark.parametrize("error", [ValueError, RuntimeError])
+def test_the_users_own_error_in_a_python_replay_does_not_make_it_eager(error):
+    # Note [A failed replay]: only graphtrees' own failures (a divergence, a copy) mark the
+    # function eager; an error the function raises itself -- a RuntimeError too -- propagates, and
+    # the next call replays again.
+    state = {"raise": False, "runs": 0}
+
+    def f(a):
+        state["runs"] += 1
+        b = a + 1
+        if state["raise"]:
+            raise error("the user's own")
+        return b * 3
+
+    g = cudagraphify(f, cpu_replay="python")
+    x = torch.arange(4.0)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), (x + 1) * 3)
+    replays = info("cpu")["num_replays"]
+    state.update({"raise": True, "runs": 0})
+    with pytest.raises(error, match="the user's own"):
+        g(x)
+    assert state["runs"] == 1  # not run a second time
+    state["raise"] = False
+    torch.testing.assert_close(g(x + 1), (x + 2) * 3)
+    assert g.signatures()[0]["eager_reason"] is None
+    assert info("cpu")["num_replays"] == replays + 1
+    assert_invariants("cpu")
+
+
 def test_replay_with_fewer_allocations_raises():
     mode = {"twice": True}
 

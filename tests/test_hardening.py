@@ -177,6 +177,26 @@ def test_checkpoint_that_throws_leaves_the_tree_as_it_was(device, tree_logs):
     assert_invariants(device)
 
 
+def test_a_failed_checkpoint_keeps_the_recordings_write_back(device):
+    # The recording call's results come back as eager results when the checkpoint after it fails;
+    # its mutation of a copied input reached the placeholder only, and was never written back
+    # (found by a review of issue 47: the caller's tensor kept its old values, silently).
+    def f(a):
+        a.add_(1)
+        return a * 2
+
+    g = cudagraphify(f)
+    xg, xe = torch.zeros(4, device=device), torch.zeros(4, device=device)
+    g(xg)  # the warmup
+    f(xe)
+    mark_step_begin()
+    inject("checkpoint")
+    assert_close(g(xg), f(xe))  # the recording, whose checkpoint fails
+    assert "could not be checkpointed" in eager_reasons(g)[0]
+    assert_close(xg, xe)
+    assert_invariants(device)
+
+
 def _tree_needing_a_restore(device):
     g1 = cudagraphify(lambda x: x * 2)
     g2 = cudagraphify(lambda a: a + 1)

@@ -498,3 +498,37 @@ def test_a_wrapper_of_a_wrapper_is_named_after_what_it_wraps():
     assert repr(outer) == "<graphtrees.GraphedCallable 'Linear'>"
     fn = graphtrees.cudagraphify(graphtrees.cudagraphify(_two))
     assert repr(fn) == "<graphtrees.GraphedCallable '_two'>"
+
+
+def test_contributing_lists_every_room_module_and_note():
+    # CONTRIBUTING's layout and Note index are how a newcomer finds a room (design review 6 found
+    # 7 rooms, 5 modules and 18 Notes missing, and rooms listed that were gone).
+    import re
+
+    text = open(os.path.join(ROOT, "CONTRIBUTING.md")).read()
+    layout = text[text.index("## Layout") : text.index("## Build")]
+    index = text[text.index("## Notes in the code") :]
+    rooms = {os.path.splitext(path)[0] for path in _includes()}
+    for room in sorted(rooms):
+        assert re.search(r"(?<![\w/])" + re.escape(room) + r"(?![\w])", layout), (
+            f"csrc/{room} is not in CONTRIBUTING's layout"
+        )
+    listed = re.findall(r"^  ((?:cpu/|cuda/)?[A-Z]\w+)(?:\.h)?(?:,| )", layout, re.M)
+    for room in listed:
+        assert room in rooms or room == "bindings", f"CONTRIBUTING lists csrc/{room}, which is gone"
+    for module in os.listdir(os.path.join(ROOT, "graphtrees")):
+        if module.endswith((".py", ".pyi")):
+            assert module in layout, f"graphtrees/{module} is not in CONTRIBUTING's layout"
+    for base in ("csrc", "graphtrees", os.path.join("tests", "cuda_standin")):
+        for d, _, files in os.walk(os.path.join(ROOT, base)):
+            for f in files:
+                if not f.endswith((".h", ".cpp", ".py")):
+                    continue
+                path = os.path.relpath(os.path.join(d, f), ROOT)
+                for note in re.findall(
+                    r"^\s*(?://|#) Note \[([^\]]+)\]\s*$", open(path).read(), re.M
+                ):
+                    row = next((r for r in index.splitlines() if f"`{path}`" in r), "")
+                    assert row and note in [n.strip() for n in row.split("|")[1].split(";")], (
+                        f"Note [{note}] ({path}) is not in CONTRIBUTING's Note index"
+                    )

@@ -105,7 +105,14 @@ void CpuGraph::replayPython(const RunFn& run, const std::vector<at::Tensor>& inp
     RouteGuard guard(&st);
     RecordingGraphScope recording;   // the recorded function runs again, as it was captured
     AutocastCacheOff no_cast_cache;  // as it ran when captured (Note [Autocast and recordings])
-    outputs = run(inputs);
+    try {
+      outputs = run(inputs);
+    } catch (const std::exception&) {
+      // An allocation that diverged raised inside the user's code, and came back through Python:
+      // the divergence is graphtrees' own error (Note [A failed replay] in TreeManager.h), any
+      // other the function's.
+      if (st.divergence.empty()) throw;
+    }
   }
   if (st.divergence.empty() && st.cursor != allocations_.size()) {
     st.divergence = "the replay made " + std::to_string(st.cursor) +

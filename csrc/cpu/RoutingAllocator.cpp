@@ -199,7 +199,7 @@ class RouterAllocator final : public c10::Allocator {
     RouteState* st = tls_route;
     if (C10_LIKELY(st == nullptr) || nbytes == 0) {
       c10::DataPtr dp = g_fallback->allocate(nbytes);
-      // Note [Tensors made on other threads]
+      // Note [Tensors made on other threads] in RoutingAllocator.h.
       if (C10_UNLIKELY(g_captures.load(std::memory_order_relaxed) > 0) && dp.get() != nullptr) {
         noteOtherThreadAllocation(dp.get());
       }
