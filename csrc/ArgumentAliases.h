@@ -22,6 +22,9 @@
 //   - the input plan (InputPlan::record, Note [A call's inputs] in InputPlan.h): the positions of
 //     one copied tensor share one placeholder, one source, one copy-in and one write-back, so the
 //     function sees one tensor as eagerly;
+//   - the steps before a run that replace an argument: the clones of inputs a restore would
+//     overwrite (PoolBookkeeping::cloneInputsAtRisk) and the padding of buckets
+//     (GraphedCallable::resizeBatch) make one replacement per tensor, at its first position;
 //   - the write-back (WriteBack::decide): a mutated copied input over a storage that another
 //     input (not the same tensor) also uses cannot be written back: eagerly the other one shows
 //     the write while the function runs. It runs eagerly instead, with the reason.

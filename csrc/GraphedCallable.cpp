@@ -251,12 +251,13 @@ int64_t GraphedCallable::batchOf(const FlatArgs& flat) const {
 
 void GraphedCallable::resizeBatch(FlatArgs* flat, int64_t from, int64_t to) const {
   const int64_t d = options_.bucket_dim;
-  // The same tensor at several positions stays one tensor (Note [Argument aliases]).
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> resized;
+  // The same tensor at several positions stays one tensor (Note [Argument aliases]: the map of
+  // the call as it came, made by flattenArgs).
+  std::vector<at::Tensor> resized(flat->keyed_tensors);  // at the first position of each tensor
   for (size_t i = 0; i < flat->keyed_tensors; ++i) {
     at::Tensor& t = flat->tensors[i];
     if (flat->is_static[i] || t.dim() <= d || t.size(d) != from) continue;
-    at::Tensor& done = resized[t.unsafeGetTensorImpl()];
+    at::Tensor& done = resized[flat->aliases.sameAs(i)];
     if (!done.defined() && to <= from) done = t.narrow(d, 0, to).clone();
     if (!done.defined()) {
       std::vector<int64_t> sizes = t.sizes().vec();

@@ -22,7 +22,8 @@
 // here, once: record() finds, for each copied position, the first position holding the same
 // tensor (ArgumentAliases::sameAs), and every later step reads that (`first_`): one placeholder
 // per tensor, one source (and one clone) per tensor, one copy-in per tensor, one write-back per
-// tensor.
+// tensor. Who is the same tensor is decided once, by the call's alias map (Note [Argument
+// aliases]); nothing compares TensorImpl pointers to find out again.
 
 #include "ArgumentAliases.h"
 #include "Backend.h"

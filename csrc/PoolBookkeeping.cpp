@@ -16,10 +16,11 @@ namespace graphtrees {
 // Before anything allocates in the pool after replays, the pool's bookkeeping must describe the
 // memory that live outputs occupy. See Note [Checkpointing].
 void PoolBookkeeping::prepareToAllocate(TreeNode* current, std::vector<at::Tensor>* inputs,
-                                        const std::vector<uint8_t>& is_static) {
+                                        const std::vector<uint8_t>& is_static,
+                                        const ArgumentAliases& aliases) {
   if (!stale_) return;
   if (current != nullptr) {
-    restore(current, inputs, is_static);
+    restore(current, inputs, is_static, aliases);
     return;
   }
   // The path ended after replays. Blocks that live outputs own are allocated in the pool; replayed
@@ -27,7 +28,7 @@ void PoolBookkeeping::prepareToAllocate(TreeNode* current, std::vector<at::Tenso
   const auto at_risk = live_.slotsWhere([&](const LiveOutput&, const c10::StorageImpl& storage) {
     return !live_.ownsPoolBlock(storage);
   });
-  cloneInputsAtRisk(inputs, is_static, at_risk);
+  cloneInputsAtRisk(inputs, is_static, aliases, at_risk);
   live_.invalidateIf([&](int64_t slot, const LiveOutput&,
                          const c10::StorageImpl&) { return at_risk.count(slot) > 0; },
                      [] { return std::string("a new recording or warmup reuses its memory"); });
@@ -36,10 +37,11 @@ void PoolBookkeeping::prepareToAllocate(TreeNode* current, std::vector<at::Tenso
 
 void PoolBookkeeping::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
                                         const std::vector<uint8_t>& is_static,
+                                        const ArgumentAliases& aliases,
                                         const std::unordered_set<int64_t>& slots_at_risk) const {
   if (slots_at_risk.empty()) return;
   // One clone per tensor: the positions of one tensor stay one tensor (Note [Argument aliases]).
-  std::vector<std::pair<const c10::TensorImpl*, at::Tensor>> clones;
+  std::vector<at::Tensor> clones(inputs->size());  // at the first position of each tensor
   for (size_t i = 0; i < inputs->size(); ++i) {
     at::Tensor& t = (*inputs)[i];
     const LiveOutput* e = live_.find(t.storage().unsafeGetStorageImpl());
@@ -53,15 +55,13 @@ void PoolBookkeeping::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
     TORCH_CHECK(!is_static[i], "graphtrees: static input ", i,
                 " is an output of an earlier graphed run whose pool memory the next run reuses. "
                 "Pass a tensor with a stable address as a static input (e.g. .clone() it once).");
-    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    auto same =
-        std::find_if(clones.begin(), clones.end(), [&](const auto& c) { return c.first == impl; });
-    if (same != clones.end()) {
-      t = same->second;
+    const size_t first = aliases.sameAs(i);
+    if (first != i && clones[first].defined()) {
+      t = clones[first];
       continue;
     }
     t = t.clone();
-    clones.emplace_back(impl, t);
+    clones[i] = t;
   }
 }
 
@@ -83,7 +83,8 @@ void PoolBookkeeping::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
 // Only the allocator's bookkeeping is reset, never memory contents, so live outputs keep their
 // data.
 void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
-                              const std::vector<uint8_t>& is_static) {
+                              const std::vector<uint8_t>& is_static,
+                              const ArgumentAliases& aliases) {
   if (consumeInjectedFailure(FailurePoint::kRestore)) {
     throw RestoreFailed("injected failure (graphtrees._C._inject_failure(\"restore\"))");
   }
@@ -118,7 +119,7 @@ void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
       unprotected.insert(slot);
     }
   }
-  cloneInputsAtRisk(inputs, is_static, unprotected);
+  cloneInputsAtRisk(inputs, is_static, aliases, unprotected);
   auto disowned = live_.disownAll();
   RestoreResult restored;
   try {

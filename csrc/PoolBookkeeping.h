@@ -4,6 +4,7 @@
 // break (they write memory without telling the allocator): the checkpoint-and-restore protocol
 // of Note [Checkpointing], and what a failed restore leaves behind (Note [Failed restores]).
 
+#include "ArgumentAliases.h"
 #include "Backend.h"
 #include "LiveOutputs.h"
 #include "TreeCounters.h"
@@ -43,9 +44,10 @@ class PoolBookkeeping {
   // made the bookkeeping stale, restores the checkpoint of `current` (the node the path continues
   // from) or, when the path ended, invalidates the live outputs that own nothing. Live outputs it
   // must invalidate that are also this call's inputs are replaced by clones in `inputs` (a static
-  // input cannot be: that is an error). Throws RestoreFailed when the restore fails.
+  // input cannot be: that is an error), one clone per tensor (`aliases`: Note [Argument
+  // aliases]). Throws RestoreFailed when the restore fails.
   void prepareToAllocate(TreeNode* current, std::vector<at::Tensor>* inputs,
-                         const std::vector<uint8_t>& is_static);
+                         const std::vector<uint8_t>& is_static, const ArgumentAliases& aliases);
 
   // The pool's bookkeeping now (right after a recording); throws what the backend's throws.
   std::shared_ptr<Checkpoint> checkpointPool() { return backend_.checkpoint(); }
@@ -72,8 +74,9 @@ class PoolBookkeeping {
 
  private:
   void restore(TreeNode* node, std::vector<at::Tensor>* inputs,
-               const std::vector<uint8_t>& is_static);
+               const std::vector<uint8_t>& is_static, const ArgumentAliases& aliases);
   void cloneInputsAtRisk(std::vector<at::Tensor>* inputs, const std::vector<uint8_t>& is_static,
+                         const ArgumentAliases& aliases,
                          const std::unordered_set<int64_t>& slots_at_risk) const;
 
   Backend& backend_;

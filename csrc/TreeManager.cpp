@@ -335,7 +335,7 @@ CallResult TreeManager::runEager(FunctionRecord& fn, const std::vector<at::Tenso
 std::vector<at::Tensor> TreeManager::allocationInputs(const FunctionRecord& fn,
                                                       const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> ins = inputs;
-  bookkeeping_.prepareToAllocate(current_, &ins, fn.is_static);
+  bookkeeping_.prepareToAllocate(current_, &ins, fn.is_static, fn.aliases);
   return ins;
 }
 
