@@ -412,7 +412,11 @@ def test_capture_leaves_the_applications_frozen_objects_frozen(device):
         f = graphtrees.cudagraphify(lambda x: x * 2, buckets=[2, 4])
         reports = f.capture(torch.ones(3, 4, device=device), progress=False)
         assert [r["status"] for r in reports] == ["recorded", "recorded"], reports
-        assert gc.get_freeze_count() >= frozen  # still frozen after capture()
+        # Still frozen after capture(): an unfreeze moves every frozen object back (the count
+        # drops to 0). A frozen object that dies meanwhile leaves the count too (one did, under
+        # ThreadSanitizer's timing: another test's thread let go of it), so the count need not
+        # stay exact.
+        assert gc.get_freeze_count() > frozen // 2, (gc.get_freeze_count(), frozen)
     finally:
         gc.unfreeze()
 
