@@ -165,7 +165,13 @@ SignatureCache::Room SignatureCache::makeRoom(
     wasted_evictions_ = candidate.sig->record.replays == 0 ? wasted_evictions_ + 1 : 0;
     auto it = signatures_.find(candidate.key);
     if (it != signatures_.end() && it->second == candidate.sig) signatures_.erase(it);
-    return Room::kRoom;
+    // On to the next one while the cache is still at or past the bound: a signature that threads
+    // racing for the room inserted past it (Note [Signatures and blocking calls]) goes with the
+    // next new one, so the bound holds again.
+  }
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (signatures_.size() < static_cast<size_t>(max_)) return Room::kRoom;
   }
   return Room::kOverBound;  // every one is on a current path: the bound is exceeded for now
 }
