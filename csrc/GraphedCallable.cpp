@@ -13,7 +13,6 @@
 #include <iterator>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 
 namespace graphtrees {
 
