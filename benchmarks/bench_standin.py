@@ -72,10 +72,9 @@ def per_call_us(fn, iters):
     return (time.perf_counter() - t0) / iters * 1e6
 
 
-def bench_overhead(iters, rounds):
-    import torch._dynamo
-
-    x = torch.ones(64, device="cuda")
+def overhead_variants(x):
+    """name -> a no-argument call of `f` on `x`, for each variant of the overhead section
+    (benchmarks/callgrind_overhead.py counts the same variants' instructions)."""
     ready = f(x)
 
     def ready_backend(gm, example_inputs):
@@ -90,7 +89,7 @@ def bench_overhead(iters, rounds):
         f(static_x)
     with torch.cuda.graph(graph):
         f(static_x)
-    variants = {
+    return {
         "raw CUDAGraph.replay()": graph.replay,
         "cudagraphify, static input": (lambda g: lambda: g(x))(
             graphtrees.cudagraphify(f, static_argnums=(0,), name="static")
@@ -109,6 +108,12 @@ def bench_overhead(iters, rounds):
             torch.compile(fresh(f), mode="reduce-overhead")
         ),
     }
+
+
+def bench_overhead(iters, rounds):
+    import torch._dynamo
+
+    variants = overhead_variants(torch.ones(64, device="cuda"))
     with torch.no_grad():
         for fn in variants.values():  # warm up, record, compile
             for _ in range(5):

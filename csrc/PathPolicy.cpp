@@ -14,11 +14,28 @@ constexpr int kMaxPendingRuns = 64;
 
 }  // namespace
 
-std::optional<std::string> PathPolicy::stepBegan() {
+std::string PathEnd::text() const {
+  switch (kind_) {
+    case Kind::kText:
+      return text_;
+    case Kind::kNewTrainingStep:
+      return "'" + fn_->name + "' began a new training step (the last one's backward finished)";
+    case Kind::kCalledAgain:
+      return "'" + fn_->name + "' was called again";
+    case Kind::kChainLimit:
+      return "'" + fn_->name + "' was called again on an output of its own step more than " +
+             "chain_limit=" + std::to_string(limit_) +
+             " times (raise chain_limit, or keep the outputs with on_overwrite='copy' or "
+             ".clone())";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown PathEnd kind");
+}
+
+std::optional<PathEnd> PathPolicy::stepBegan() {
   const int64_t step = steps_->load();
   if (C10_LIKELY(step == seen_step_)) return std::nullopt;
   seen_step_ = step;
-  return std::string("graphtrees.mark_step_begin() was called");
+  return PathEnd("graphtrees.mark_step_begin() was called");
 }
 
 // Note [Ending a path]
@@ -48,16 +65,16 @@ std::optional<std::string> PathPolicy::stepBegan() {
 // forward called on fresh inputs starts a new generation, as PyTorch's trees do, so that each
 // step replays the same path (forward, backward) rather than the next forward extending the path
 // under the backward whose gradients are still alive.
-std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
-                                                   bool consumes_generation_output) {
+std::optional<PathEnd> PathPolicy::calledAgain(const FunctionRecord& fn,
+                                               bool consumes_generation_output) {
   if (backwards_done_ && fn.mode == FunctionMode::kForward && fn.counts_pending &&
       !consumes_generation_output) {
-    return "'" + fn.name + "' began a new training step (the last one's backward finished)";
+    return PathEnd(PathEnd::Kind::kNewTrainingStep, fn);
   }
   const CallableState& callable = callableState(fn.callable_id);
   if (callable.last_generation != generation_) return std::nullopt;
   const bool fresh = !consumes_generation_output;
-  const std::string again = "'" + fn.name + "' was called again";
+  const PathEnd again(PathEnd::Kind::kCalledAgain, fn);
   if (pending_forwards_ > 0) {
     if (!fresh || callable.runs_in_generation < kMaxPendingRuns) return std::nullopt;
     if (warned_.insert("pending\n" + fn.name).second) {
@@ -87,8 +104,7 @@ std::optional<std::string> PathPolicy::calledAgain(const FunctionRecord& fn,
             "older outputs of the chain (raise chain_limit to keep more, or use "
             "on_overwrite='copy' to keep them valid)");
   }
-  return again + " on an output of its own step more than chain_limit=" + std::to_string(limit) +
-         " times (raise chain_limit, or keep the outputs with on_overwrite='copy' or .clone())";
+  return PathEnd(PathEnd::Kind::kChainLimit, fn, limit);
 }
 
 void PathPolicy::noteRun(const FunctionRecord& fn) {

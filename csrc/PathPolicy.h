@@ -16,6 +16,25 @@
 
 namespace graphtrees {
 
+// Why a path ends, put into words only when a message needs them: a call that ends the path is
+// every call of a training loop or a server (Note [Ending a path]), and the words cost
+// allocations that its replay would otherwise not make (issue 50: the host cost).
+struct PathEnd {
+  enum class Kind { kText, kNewTrainingStep, kCalledAgain, kChainLimit };
+  // A fixed reason (a string literal: it is not copied).
+  PathEnd(const char* text) : text_(text) {}  // NOLINT(google-explicit-constructor)
+  PathEnd(Kind kind, const FunctionRecord& fn, int limit = 0)
+      : kind_(kind), fn_(&fn), limit_(limit) {}
+  // The reason, for a log line or an invalidated output's error. Only while `fn` lives.
+  std::string text() const;
+
+ private:
+  Kind kind_ = Kind::kText;
+  const char* text_ = nullptr;
+  const FunctionRecord* fn_ = nullptr;
+  int limit_ = 0;
+};
+
 class PathPolicy {
  public:
   // `steps`: the owning thread's step counter (Note [Steps, generations and threads]).
@@ -30,13 +49,13 @@ class PathPolicy {
 
   // Why the path ends before this call because the thread began a new step since the last call,
   // if it did.
-  std::optional<std::string> stepBegan();
+  std::optional<PathEnd> stepBegan();
   // Why the path ends before this call of `fn`, if it must (Note [Ending a path]): it already ran
   // in this generation and is called on fresh inputs, or it reached its chain_limit, or a forward
   // ran too often while its backward was pending; or it is a forward on fresh inputs after the
   // step's backwards finished (Note [Pending backward]). `consumes_generation_output`: an input
   // is an output of this generation.
-  std::optional<std::string> calledAgain(const FunctionRecord& fn, bool consumes_generation_output);
+  std::optional<PathEnd> calledAgain(const FunctionRecord& fn, bool consumes_generation_output);
 
   // `fn` ran in the current generation (warmup, recording or replay).
   void noteRun(const FunctionRecord& fn);

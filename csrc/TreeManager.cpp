@@ -66,7 +66,7 @@ FunctionState& TreeManager::stateOf(FunctionRecord& fn) {
 
 // Ends the current path (Note [Ending a path] in PathPolicy.cpp): the step's pool outputs are
 // freed and invalidated, except `spare` (the current call's inputs).
-void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>& spare) {
+void TreeManager::endPath(const PathEnd& why, const std::vector<at::Tensor>& spare) {
   pinned_by_node_.clear();
   pinned_by_warmup_function_.clear();
   std::unordered_set<const c10::StorageImpl*> spared;
@@ -78,9 +78,9 @@ void TreeManager::endPath(const std::string& why, const std::vector<at::Tensor>&
       [&](int64_t, const LiveOutput&, const c10::StorageImpl& storage) {
         return live_.ownsPoolBlock(storage) && !spared.count(&storage);
       },
-      [&] { return "a new step began: " + why; });
+      [&] { return "a new step began: " + why.text(); });
   if (current_ != nullptr || state_ != PathState::kNone) {
-    GRAPHTREES_LOG(LogLevel::kDebug, "path ended: " + why);
+    GRAPHTREES_LOG(LogLevel::kDebug, "path ended: " + why.text());
   }
   path_.clear();
   current_ = nullptr;

@@ -157,7 +157,7 @@ class TreeManager {
   CallKey keyOf(const FunctionRecord& fn, const std::vector<at::Tensor>& inputs) const;
   // This tree's state of `fn`.
   FunctionState& stateOf(FunctionRecord& fn);
-  void endPath(const std::string& why, const std::vector<at::Tensor>& spare);
+  void endPath(const PathEnd& why, const std::vector<at::Tensor>& spare);
 
   CallResult runEager(FunctionRecord& fn, const std::vector<at::Tensor>& inputs, const RunFn& run,
                       const std::string& reason);

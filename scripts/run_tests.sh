@@ -125,6 +125,47 @@ standin_tests() {
 # tests under it: the CUDA ones on the stand-in (the seed story, the CUDA backend, the tree's
 # behaviour, hardening, memory) and the same files' CPU cases, with AddressSanitizer's runtime
 # preloaded first. Any report (written to files, also from the tests' subprocesses) fails it.
+# What the two sanitizer stages share. instrumented_build SRC PYTHON LABEL FLAGS SYMBOL WHAT
+# [JOBS]: a copy of the sources in SRC (only changed files written, its build folder kept), built
+# in place with FLAGS against PYTHON's torch, and checked for SYMBOL (an instrumented build).
+instrumented_build() {
+  local src=$1 python=$2 label=$3 flags=$4 symbol=$5 what=$6 jobs=()
+  [[ -z ${7:-} ]] || jobs=(MAX_JOBS="$7")
+  "$PY" scripts/sync_tree.py "$src" || return 1
+  echo "[run_tests] building graphtrees with $flags against $label"
+  (cd "$src" && env "${jobs[@]}" GRAPHTREES_EXTRA_CFLAGS="$flags" \
+    "$python" setup.py -q build_ext --inplace) || return 1
+  if [[ $(nm -D "$src"/graphtrees/_C*.so | grep -c "$symbol") == 0 ]]; then
+    echo "[run_tests] $src/graphtrees/_C*.so is not $what build"
+    return 1
+  fi
+}
+# The compiler's runtime library LIB (libasan.so, libtsan.so), or nothing when it has none.
+sanitizer_runtime() {
+  local lib
+  lib=$(readlink -f "$(${CXX:-c++} -print-file-name="$1")")
+  [[ -f $lib ]] && echo "$lib"
+}
+# dlopen() called through a sanitizer runtime's interceptor searches the interceptor's paths, not
+# the caller's RUNPATH: cuDNN then cannot find its sub-libraries (SDPA's backend choice asks for
+# its version). The wheel's NVIDIA library folders are named instead, after the stand-in's.
+nvidia_libdirs() {
+  "$1" -c "import glob, os, torch; print(':'.join(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), 'nvidia', '*', 'lib'))))"
+}
+# Adds the stand-in's environment to the calling stage's `env`, `preload` (after the runtime)
+# and `ld_path`; its CUDA_STANDIN_VALUES is left out (the stages run without the value mode).
+add_standin_env() {
+  local kv
+  for kv in "${STANDIN_ENV[@]}"; do
+    case $kv in
+      LD_PRELOAD=*) preload="$preload:${kv#LD_PRELOAD=}" ;;
+      LD_LIBRARY_PATH=*) ld_path="${kv#LD_LIBRARY_PATH=}:$ld_path" ;;
+      CUDA_STANDIN_VALUES=*) ;;
+      *) env+=("$kv") ;;
+    esac
+  done
+}
+
 SAN_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 SAN_TESTS=(tests/test_seed_story.py tests/test_cuda.py tests/test_tree_behaviour.py
   tests/test_hardening.py tests/test_memory.py)
@@ -135,20 +176,14 @@ sanitizer_stage() {
     return 0
   fi
   local asan
-  asan=$(readlink -f "$(${CXX:-c++} -print-file-name=libasan.so)")
-  if [[ ! -f $asan ]]; then
+  asan=$(sanitizer_runtime libasan.so)
+  if [[ -z $asan ]]; then
     echo "[run_tests] the sanitizer stage is skipped: the compiler has no libasan.so"
     return 0
   fi
   t=$(date +%s)
-  "$PY" scripts/sync_tree.py "$src" || return 1
-  echo "[run_tests] building graphtrees with $SAN_FLAGS against $label"
-  (cd "$src" && GRAPHTREES_EXTRA_CFLAGS="$SAN_FLAGS" "$python" setup.py -q build_ext --inplace) \
+  instrumented_build "$src" "$python" "$label" "$SAN_FLAGS" __asan_report "an AddressSanitizer" \
     || return 1
-  if [[ $(nm -D "$src"/graphtrees/_C*.so | grep -c __asan_report) == 0 ]]; then
-    echo "[run_tests] $src/graphtrees/_C*.so is not an AddressSanitizer build"
-    return 1
-  fi
   stamp "sanitizer build ($label)" "$t"
   t=$(date +%s)
   local reports=$src/build/sanitizer-reports
@@ -158,10 +193,7 @@ sanitizer_stage() {
   # the first C++ exception torch throws ends the process in a CHECK of the runtime).
   local cxx_runtime libdirs
   cxx_runtime=$("$python" -c "import sys, torch; sys.path.insert(0, '$ROOT/graphtrees'); import _toolchain; print(_toolchain.process_cxx_runtime())")
-  # dlopen() called through the runtime's interceptor searches the interceptor's paths, not the
-  # caller's RUNPATH: cuDNN then cannot find its sub-libraries (SDPA's backend choice asks for
-  # its version). The wheel's NVIDIA library folders are named instead, after the stand-in's.
-  libdirs=$("$python" -c "import glob, os, torch; print(':'.join(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), 'nvidia', '*', 'lib'))))")
+  libdirs=$(nvidia_libdirs "$python")
   # Without the stand-in's value mode (CUDA_STANDIN_VALUES=0): the stage looks for memory errors
   # of graphtrees' own code, which the value engine (not instrumented) does not add to, and the
   # value stage above compares the same tests' values.
@@ -169,15 +201,7 @@ sanitizer_stage() {
     UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan")
   local preload=$asan:$cxx_runtime ld_path=$libdirs
   if [[ ${#STANDIN_ENV[@]} -gt 0 ]]; then
-    local kv
-    for kv in "${STANDIN_ENV[@]}"; do
-      case $kv in
-        LD_PRELOAD=*) preload="$preload:${kv#LD_PRELOAD=}" ;;
-        LD_LIBRARY_PATH=*) ld_path="${kv#LD_LIBRARY_PATH=}:$ld_path" ;;
-        CUDA_STANDIN_VALUES=*) ;;
-        *) env+=("$kv") ;;
-      esac
-    done
+    add_standin_env
     echo "[run_tests] the tree's tests under the sanitizers ($label; CUDA ones on the CUDA stand-in)"
   else
     echo "[run_tests] the tree's tests under the sanitizers ($label; CPU ones only: no stand-in)"
@@ -229,47 +253,30 @@ tsan_stage() {
     return 0
   fi
   local tsan
-  tsan=$(readlink -f "$(${CXX:-c++} -print-file-name=libtsan.so)")
-  if [[ ! -f $tsan ]]; then
+  tsan=$(sanitizer_runtime libtsan.so)
+  if [[ -z $tsan ]]; then
     echo "[run_tests] the ThreadSanitizer stage is skipped: the compiler has no libtsan.so"
     return 0
   fi
   t=$(date +%s)
-  "$PY" scripts/sync_tree.py "$src" || return 1
-  echo "[run_tests] building graphtrees with $TSAN_FLAGS against $label"
-  local jobs=()
-  [[ -z ${TSAN_JOBS:-} ]] || jobs=(MAX_JOBS="$TSAN_JOBS")
-  (cd "$src" && env "${jobs[@]}" GRAPHTREES_EXTRA_CFLAGS="$TSAN_FLAGS" \
-    "$python" setup.py -q build_ext --inplace) || return 1
-  if [[ $(nm -D "$src"/graphtrees/_C*.so | grep -c __tsan_func_entry) == 0 ]]; then
-    echo "[run_tests] $src/graphtrees/_C*.so is not a ThreadSanitizer build"
-    return 1
-  fi
+  instrumented_build "$src" "$python" "$label" "$TSAN_FLAGS" __tsan_func_entry "a ThreadSanitizer" \
+    "${TSAN_JOBS:-}" || return 1
   stamp "ThreadSanitizer build ($label)" "$t"
   t=$(date +%s)
   local reports=$src/build/tsan-reports
   rm -rf "$reports" && mkdir -p "$reports"
   # The interpreter itself, not a wrapper script (pyenv's shim, a shell script, crashes under
-  # the runtime); the NVIDIA library folders as in the sanitizer stage (dlopen() through the
-  # runtime's interceptor searches its paths, not the caller's RUNPATH).
+  # the runtime); the NVIDIA library folders as in the sanitizer stage (nvidia_libdirs).
   local exe libdirs
   exe=$("$python" -c "import sys; print(sys.executable)")
-  libdirs=$("$python" -c "import glob, os, torch; print(':'.join(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), 'nvidia', '*', 'lib'))))")
+  libdirs=$(nvidia_libdirs "$python")
   # halt_on_error=0 and exitcode=0: every report is written and the tests pass or fail on their
   # own; the logs decide. history_size=4: the earlier access of a race keeps its stack.
   local env=(PYTHON="$exe" CUDA_STANDIN_VALUES=0 OMP_NUM_THREADS=1
     TSAN_OPTIONS="suppressions=$ROOT/scripts/tsan.supp:print_suppressions=1:halt_on_error=0:exitcode=0:second_deadlock_stack=1:history_size=4:log_path=$reports/tsan")
   local preload=$tsan ld_path=$libdirs
   if [[ ${#STANDIN_ENV[@]} -gt 0 ]]; then
-    local kv
-    for kv in "${STANDIN_ENV[@]}"; do
-      case $kv in
-        LD_PRELOAD=*) preload="$preload:${kv#LD_PRELOAD=}" ;;
-        LD_LIBRARY_PATH=*) ld_path="${kv#LD_LIBRARY_PATH=}:$ld_path" ;;
-        CUDA_STANDIN_VALUES=*) ;;
-        *) env+=("$kv") ;;
-      esac
-    done
+    add_standin_env
     echo "[run_tests] the thread tests under ThreadSanitizer ($label; CUDA ones on the CUDA stand-in)"
   else
     echo "[run_tests] the thread tests under ThreadSanitizer ($label; CPU ones only: no stand-in)"
@@ -350,9 +357,31 @@ host_cost() {
   local t rc=0
   t=$(date +%s)
   (cd "$ROOT" && env "${STANDIN_ENV[@]}" CUDA_STANDIN_VALUES=0 "$PY" benchmarks/bench_standin.py --sections overhead \
-    --iters 1000 --rounds 5 < /dev/null | tail -n 13) || rc=$?
+    --iters 1000 --rounds 5 < /dev/null | tail -n 13) > "$HOST_COST_LOG" || rc=$?
+  cat "$HOST_COST_LOG"
   stamp "host cost on the CUDA stand-in (torch 2.14.1, nothing else running)" "$t"
   return $rc
+}
+HOST_COST_LOG="$ROOT/build/host-cost.txt"
+# The same variants' instructions per call under callgrind (issue 50): wall time depends on the
+# machine, instruction counts do not, so the two are printed side by side. Any load beside it
+# leaves the counts as they are: it runs in the foreground beside the ThreadSanitizer stage.
+host_instructions() {
+  [[ ${#STANDIN_ENV[@]} -gt 0 ]] || return 0
+  local t rc=0
+  t=$(date +%s)
+  if ! command -v valgrind > /dev/null && command -v apt-get > /dev/null && [[ $(id -u) == 0 ]]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind \
+      > /dev/null 2>&1 || echo "[run_tests] valgrind could not be installed"
+  fi
+  (cd "$ROOT" && env "${STANDIN_ENV[@]}" CUDA_STANDIN_VALUES=0 "$PY" benchmarks/callgrind_overhead.py \
+    --calls 200 < /dev/null) > "$HOST_COST_LOG.instructions" 2>&1 || rc=$?
+  echo "[run_tests] host cost per call, wall time (measured alone, earlier) and instructions:"
+  tail -n 1 "$HOST_COST_LOG" 2> /dev/null
+  cat "$HOST_COST_LOG.instructions"
+  stamp "instructions per call under callgrind (CUDA stand-in, torch 2.14.1)" "$t"
+  # 3: valgrind is missing (said above); not a failure of the tests.
+  [[ $rc == 0 || $rc == 3 ]]
 }
 echo "[run_tests] beside the CPU suite and the sanitizer stage: the CUDA stand-in's tests and the torch 2.11 build (logged below when done)"
 lane_start lane_b
@@ -368,6 +397,7 @@ lane_wait || exit 1
 host_cost || exit 1
 if [[ ${GRAPHTREES_SKIP_TORCH211:-0} == 1 ]]; then
   tsan_stage "$PY" "torch 2.14.1" || exit 1
+  host_instructions || exit 1
   echo "[run_tests] GRAPHTREES_SKIP_TORCH211=1: the torch 2.11 stages were skipped"
   stamp "all stages" "$t_all"
   exit 0
@@ -393,6 +423,10 @@ OTHER_SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])
 GRAPHTREES_OTHER_TORCH_SITE=$OTHER_SITE PYTHON="$VENV/bin/python" \
   "$VENV/bin/python" -m pytest "${TORCH211_TESTS[@]}" "${PYTEST_OPTS[@]}" || cpu_rc=$?
 stamp "tests (torch 2.11.0)" "$t"
+cd "$ROOT"
+ins_rc=0
+host_instructions || ins_rc=$?
 lane_wait || exit 1
 [[ $cpu_rc == 0 ]] || exit $cpu_rc
+[[ $ins_rc == 0 ]] || exit $ins_rc
 stamp "all stages" "$t_all"
