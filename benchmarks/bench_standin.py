@@ -65,6 +65,30 @@ def aot_floor_backend(ready):
     return backend
 
 
+def machine():
+    """The host these figures were taken on: host costs differ from one machine to the next far
+    more than the work does (benchmarks/README.md, "The host-cost lead from machine to machine")."""
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in open("/proc/cpuinfo")
+            if ln.startswith("model name")
+        ),
+        "unknown",
+    )
+    caches = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for index in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        try:
+            level = open(f"{base}/{index}/level").read().strip()
+            kind = open(f"{base}/{index}/type").read().strip()
+            size = open(f"{base}/{index}/size").read().strip()
+        except OSError:
+            continue
+        caches[f"L{level}{'i' if kind == 'Instruction' else 'd' if kind == 'Data' else ''}"] = size
+    return {"cpu": cpu, "cores": os.cpu_count(), "caches": caches, "host": os.uname().nodename}
+
+
 def per_call_us(fn, iters):
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -328,6 +352,10 @@ def markdown(res):
         "each variant's minimum over interleaved rounds. Not a GPU run: kernels never execute, "
         "so these are host-side costs only.",
     ]
+    if "machine" in m:
+        mm = m["machine"]
+        caches = ", ".join(f"{k} {v}" for k, v in mm["caches"].items())
+        lines += ["", f"Machine: {mm['cpu']}, {mm['cores']} cores ({caches}), host {mm['host']}."]
     if "overhead" in res:
         o = res["overhead"]
         lines += [
@@ -415,6 +443,11 @@ def main():
     sections = set(args.sections.split(","))
     if current() is None:
         sys.exit("bench_standin.py runs on the CUDA stand-in: see tests/cuda_standin/README.md")
+    if os.environ.get("GRAPHTREES_CUDA") != "1":
+        sys.exit(
+            "bench_standin.py measures graphtrees' CUDA backend, which is off without "
+            "GRAPHTREES_CUDA=1 (its calls would run eagerly): run it with GRAPHTREES_CUDA=1"
+        )
     res = {
         "meta": {
             "label": LABEL,
@@ -422,6 +455,7 @@ def main():
             "torch": torch.__version__,
             "device": torch.cuda.get_device_name(0),
             "python": sys.version.split()[0],
+            "machine": machine(),
         },
     }
     if "overhead" in sections:

@@ -18,6 +18,7 @@ exits 3. A stand-in run: CUDA stand-in: host-side cost, kernels not executed.
 """
 
 import argparse
+import datetime
 import glob
 import json
 import os
@@ -166,6 +167,8 @@ def main():
     if os.environ.get(UNDER_VALGRIND):
         child(args.calls, os.environ[UNDER_VALGRIND], only)
         return
+    if os.environ.get("GRAPHTREES_CUDA") != "1":
+        sys.exit("callgrind_overhead.py needs GRAPHTREES_CUDA=1 (see its docstring)")
     reason = why_not()
     if reason:
         print(f"callgrind_overhead: not measured: {reason}")
@@ -198,6 +201,11 @@ def main():
         shutil.rmtree(folder, ignore_errors=True)
     print(next((ln for ln in r.stdout.splitlines() if ln.startswith("graphtrees from")), ""))
     res = report(counts, args.calls, args.cache_sim)
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from bench_standin import machine
+
+    res["machine"] = machine()
+    res["date"] = datetime.date.today().isoformat()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=1)
