@@ -282,8 +282,24 @@ tsan_stage() {
   return $rc
 }
 
+# Graphviz's `dot`, for graphtrees.tree_to_svg and its test (tests/test_observability.py), which
+# is skipped without it: installed with apt-get when this runs as root and apt-get is there.
+graphviz_install() {
+  command -v dot > /dev/null && return 0
+  if [[ $(id -u) == 0 ]] && command -v apt-get > /dev/null; then
+    echo "[run_tests] Graphviz's dot is missing: apt-get install graphviz"
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends graphviz \
+        || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+          --no-install-recommends graphviz; }; } > /dev/null 2>&1 || true
+  fi
+  command -v dot > /dev/null \
+    || echo "[run_tests] Graphviz's dot is not installed and could not be (not root, or no" \
+      "apt-get): the SVG test of tests/test_observability.py is skipped"
+}
+
 t=$(date +%s)
 "$PY" -m pip install torch==2.14.1 torchvision==0.29.1 "${DEPS[@]}"
+graphviz_install
 stamp "install (torch 2.14.1)" "$t"
 t=$(date +%s)
 echo "[run_tests] building graphtrees against torch 2.14.1 (build/temp-torch2.14.1*: only what changed)"
