@@ -367,6 +367,10 @@ host_cost() {
   t=$(date +%s)
   (cd "$ROOT" && env "${STANDIN_ENV[@]}" CUDA_STANDIN_VALUES=0 "$PY" benchmarks/bench_standin.py --sections overhead \
     --iters 1000 --rounds 5 < /dev/null | tail -n 13) || rc=$?
+  # The same replayed calls with and without a running torch.profiler: what graphtrees' profiler
+  # ranges cost (Note [Call ranges]: nothing without a profiler, one range with one).
+  (cd "$ROOT" && env "${STANDIN_ENV[@]}" CUDA_STANDIN_VALUES=0 "$PY" benchmarks/bench_ranges.py \
+    --device cuda --iters 1000 --rounds 5 < /dev/null 2> /dev/null | tail -n 6) || rc=$?
   stamp "host cost on the CUDA stand-in (torch 2.14.1, nothing else running)" "$t"
   return $rc
 }
