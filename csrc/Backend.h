@@ -180,6 +180,13 @@ class Backend {
   virtual void beginCall() {}
   virtual void endCall() {}
 
+  // Ranges of a tracing tool of the device's own (Note [Call ranges] in CallRange.h): whether
+  // one is attached now (asked at every call: it must be cheap), and a range's begin and end
+  // around a graphed call, nested as calls nest. CUDA: NVTX (cuda/NvtxRanges.h).
+  virtual bool marksRanges() const { return false; }
+  virtual void pushRange(const std::string& /*text*/) {}
+  virtual void popRange() {}
+
   // Both wait for the work queued on the pool's memory first (the device synchronisation is
   // theirs, not the caller's). restore() throws RestoreError on failure.
   virtual std::shared_ptr<Checkpoint> checkpoint() = 0;

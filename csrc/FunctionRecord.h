@@ -98,6 +98,7 @@ struct CallResult {
   std::vector<at::Tensor> outputs;
   RunKind kind = RunKind::kEager;
   std::shared_ptr<const Graph> graph;  // a replay's graph
+  std::string reason;  // why it ran eagerly, when the tree decided (else the record's eager_reason)
 };
 
 }  // namespace graphtrees

@@ -1,6 +1,7 @@
 #include "GraphedCallable.h"
 
 #include "BackendFactory.h"
+#include "CallRange.h"
 #include "Logging.h"
 #include "ThreadState.h"
 #include "TreeRegistry.h"
@@ -85,7 +86,8 @@ GraphedCallable::GraphedCallable(py::object fn, const GraphOptions& options, py:
       mode_(mode),
       eager_reason_(std::move(eager_reason)),
       signatures_(options.max_recorded_shapes, /*plain_lru=*/mode == FunctionMode::kBackward),
-      callable_id_(next_function_id++) {
+      callable_id_(next_function_id++),
+      stats_(CallStats::create(name_, callable_id_)) {
   TORCH_CHECK_TYPE(PyCallable_Check(fn_.ptr()), "graphtrees.cudagraphify expects a callable, got ",
                    py::str(py::type::of(fn_).attr("__name__")).cast<std::string>());
   for (int64_t i : options_.static_argnums) {
@@ -227,7 +229,9 @@ py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwa
   } else if (logged_reasons_.insert(reason).second) {
     GRAPHTREES_LOG(LogLevel::kWarning, "running '" + name_ + "' eagerly: " + reason);
   }
-  tree = TreeRegistry::Handle();  // Note [User code outside the tree lock] in TreeLock.h
+  tree = TreeRegistry::Handle();          // Note [User code outside the tree lock] in TreeLock.h
+  stats_->note(RunKind::kEager, reason);  // Note [Call statistics] in CallStats.h
+  CallRange range(CallRange::Kind::kEager, nullptr, name_, -1, reason);  // Note [Call ranges]
   return fn_(*args, **kwargs);
 }
 
@@ -412,6 +416,8 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     throw;
   }
   noteRan(sig);
+  stats_->note(r.kind,
+               r.kind == RunKind::kEager && r.reason.empty() ? sig.record.eager_reason : r.reason);
   py::object out = (r.kind == RunKind::kEager || r.kind == RunKind::kWarmup)
                        ? std::move(result)
                        : sig.spec->unflatten(r.outputs, args, kwargs);

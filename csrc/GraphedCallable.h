@@ -4,6 +4,7 @@
 // picks the function record for the call signature, and hands the call to the device's tree.
 
 #include "CallSignature.h"
+#include "CallStats.h"
 #include "FunctionRecord.h"
 #include "GraphOptions.h"
 #include "OutputSpec.h"
@@ -95,6 +96,7 @@ class GraphedCallable {
   std::string eager_reason_;
   SignatureCache signatures_;
   int64_t callable_id_;
+  std::shared_ptr<CallStats> stats_;  // Note [Call statistics] in CallStats.h
   int64_t signatures_created_ = 0;
   int64_t signatures_ran_ = 0;  // signatures with a call that returned (the warning counts these)
   // The highest variant of a key ever made (Note [Objects in the call signature]): lookups scan

@@ -1,5 +1,6 @@
 #include "PoolBookkeeping.h"
 
+#include "CallRange.h"
 #include "FailureInjection.h"
 #include "Logging.h"
 #include "PythonHooks.h"
@@ -85,6 +86,8 @@ void PoolBookkeeping::cloneInputsAtRisk(std::vector<at::Tensor>* inputs,
 void PoolBookkeeping::restore(TreeNode* node, std::vector<at::Tensor>* inputs,
                               const std::vector<uint8_t>& is_static,
                               const ArgumentAliases& aliases) {
+  // Note [Call ranges]: the node restored to, inside the warmup or recording it makes room for.
+  CallRange range(CallRange::Kind::kRestore, &backend_, node->functionName(), node->id());
   if (consumeInjectedFailure(FailurePoint::kRestore)) {
     throw RestoreFailed("injected failure (graphtrees._C._inject_failure(\"restore\"))");
   }

@@ -29,6 +29,7 @@ void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& p
     ni.replays = n.replays();
     ni.on_current_path = std::find(path.begin(), path.end(), &n) != path.end();
     if (const char* how = n.graph().cpuReplay()) ni.cpu_replay = how;
+    ni.kind = nodeKind(ni.function);
     out->push_back(std::move(ni));
     return true;
   });
@@ -58,6 +59,36 @@ TreeInfo TreeManager::snapshot() {
   return t;
 }
 
+std::string nodeKind(const std::string& function) {
+  // "...[k/n]": a piece (Note [Node kinds]).
+  const size_t open = function.rfind('[');
+  if (open == std::string::npos || function.empty() || function.back() != ']') return "graph";
+  const std::string inner = function.substr(open + 1, function.size() - open - 2);
+  const size_t slash = inner.find('/');
+  const auto digits = [](const std::string& d) {
+    return !d.empty() &&
+           std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (slash == std::string::npos || !digits(inner.substr(0, slash)) ||
+      !digits(inner.substr(slash + 1))) {
+    return "graph";
+  }
+  return "piece";
+}
+
+namespace {
+// How a node of `kind` is drawn (Note [Node kinds]): its shape, style and outline colour.
+struct KindStyle {
+  const char* shape;
+  std::string style;
+  const char* color;
+};
+KindStyle kindStyle(const std::string& kind) {
+  if (kind == "piece") return {"box", "rounded,dashed", "#1f5fbf"};
+  return {"box", "solid", "black"};
+}
+}  // namespace
+
 std::string toDot(const TreeInfo& t) {
   auto escape = [](const std::string& s) {
     std::string r;
@@ -70,16 +101,21 @@ std::string toDot(const TreeInfo& t) {
   std::ostringstream os;
   os << "digraph graphtrees {\n";
   os << "  label=\"graphtrees tree on " << escape(t.device) << " (pool reserved "
-     << bytesString(t.pool.reserved_bytes) << ")\";\n";
-  os << "  node [shape=box, fontname=\"monospace\"];\n";
+     << bytesString(t.pool.reserved_bytes)
+     << "; red: the current path, green: live outputs, dashed: pieces of a split graph)\";\n";
+  os << "  labelloc=t;\n  node [fontname=\"monospace\"];\n";
   for (const auto& n : t.nodes) {
-    os << "  n" << n.id << " [label=\"#" << n.id << " " << escape(n.function) << "\\n"
-       << bytesString(n.pool_bytes) << " written";
+    KindStyle k = kindStyle(n.kind);
+    if (n.live_outputs > 0) k.style += ",filled";
+    os << "  n" << n.id << " [shape=" << k.shape << ", style=\"" << k.style << "\", color=\""
+       << (n.on_current_path ? "#c00000" : k.color) << "\"";
+    if (n.on_current_path) os << ", penwidth=3";
+    if (n.live_outputs > 0) os << ", fillcolor=\"#c6efce\"";
+    os << ", label=\"#" << n.id << " " << escape(n.function) << "\\nreplays: " << n.replays
+       << "\\npool: " << bytesString(n.pool_bytes);
+    if (n.kind != "graph") os << "\\n(" << escape(n.kind) << ")";
     if (n.live_outputs > 0) os << "\\nlive outputs: " << n.live_outputs;
-    os << "\"";
-    if (n.live_outputs > 0) os << ", style=filled, fillcolor=\"#c6efce\"";
-    if (n.on_current_path) os << ", penwidth=2";
-    os << "];\n";
+    os << "\"];\n";
   }
   for (const auto& n : t.nodes) {
     if (n.parent >= 0) os << "  n" << n.parent << " -> n" << n.id << ";\n";

@@ -27,8 +27,17 @@ struct NodeInfo {
   int64_t live_outputs = 0;
   int64_t replays = 0;
   bool on_current_path = false;
-  std::string cpu_replay;  // "program" or "python" (Note [CPU graphs]); empty on a device
+  std::string cpu_replay;      // "program" or "python" (Note [CPU graphs]); empty on a device
+  std::string kind = "graph";  // Note [Node kinds]
 };
+
+// Note [Node kinds]
+// What a node records, for the reader of tree_info() and the picture (toDot()): "graph", a whole
+// function; "piece", one piece of a graph that graphtrees split around what it cannot record
+// (Note [Piecewise graphs]: its function is named "<graph>[k/n]", graphtrees/_piecewise.py's
+// label()). A new kind of node adds its name here (nodeKind()) and its style to kindStyle() in
+// TreeInfo.cpp; an unknown kind is drawn as a plain graph.
+std::string nodeKind(const std::string& function);
 
 struct TreeInfo {
   std::string device;
@@ -54,8 +63,9 @@ void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& p
                      const std::unordered_map<int64_t, int64_t>& live_per_node,
                      std::vector<NodeInfo>* out);
 
-// Graphviz DOT: nodes labelled with their function and the bytes they write; nodes with live
-// outputs are filled; the current path is bold.
+// Graphviz DOT: nodes labelled with their id, function, replays, the pool bytes they write and
+// their live outputs; nodes with live outputs are filled; the current path is bold and red; a
+// node's kind (Note [Node kinds]) sets its shape.
 std::string toDot(const TreeInfo& info);
 
 }  // namespace graphtrees

@@ -167,6 +167,7 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
   };
   if (state_ == PathState::kWarmup || st.warmups < fn.options->warmup_iters) {
     if (runsEagerly()) return runEager(fn, inputs, run, eager);
+    CallRange range(CallRange::Kind::kWarmup, backend_.get(), fn.name, -1);  // Note [Call ranges]
     return warmup(fn, allocationInputs(fn, inputs), run);
   }
   std::string mismatch;
@@ -197,6 +198,7 @@ CallResult TreeManager::callImpl(FunctionRecord& fn, const std::vector<at::Tenso
                                         std::to_string(st.rerecords + 1) + " of at most " +
                                         std::to_string(fn.options->rerecord_limit) + ")");
   }
+  CallRange range(CallRange::Kind::kRecord, backend_.get(), fn.name, next_node_id_);
   CallResult result = record(fn, allocationInputs(fn, inputs), run, key);
   if (rerecord && result.kind == RunKind::kRecord) {  // counted once it succeeded
     st.rerecords++;
@@ -329,7 +331,8 @@ void TreeManager::noteFallback(FunctionRecord& fn, const std::string& reason) {
 CallResult TreeManager::runEager(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                                  const RunFn& run, const std::string& reason) {
   noteFallback(fn, reason);
-  return {run(inputs), RunKind::kEager};
+  CallRange range(CallRange::Kind::kEager, backend_.get(), fn.name, -1, reason);
+  return {run(inputs), RunKind::kEager, nullptr, reason};
 }
 
 std::vector<at::Tensor> TreeManager::allocationInputs(const FunctionRecord& fn,
@@ -544,6 +547,7 @@ CallResult TreeManager::publish(FunctionRecord& fn, const std::vector<at::Tensor
 
 CallResult TreeManager::replay(TreeNode& node, FunctionRecord& fn,
                                const std::vector<at::Tensor>& inputs, const RunFn& run) {
+  CallRange range(CallRange::Kind::kReplay, backend_.get(), fn.name, node.id());
   const c10::Device device = backend_->device();
   const InputPlan& plan = node.inputPlan();  // Note [A call's inputs] in InputPlan.h
   const auto written = [&node](uintptr_t b, uintptr_t e) { return node.overlapsFootprint(b, e); };

@@ -8,6 +8,7 @@
 
 #include "Backend.h"
 #include "BackendCall.h"
+#include "CallRange.h"
 #include "FunctionRecord.h"
 #include "LiveOutputs.h"
 #include "PathPolicy.h"

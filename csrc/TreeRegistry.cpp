@@ -1,6 +1,7 @@
 #include "TreeRegistry.h"
 
 #include "BackendFactory.h"
+#include "CallRange.h"
 #include "Logging.h"
 #include "PythonHooks.h"
 #include "ThreadState.h"
@@ -221,14 +222,16 @@ bool TreeRegistry::runOn(Handle& tree, FunctionRecord& fn, const std::vector<at:
   TreeLock& lock = tree->mutex();  // Note [User code outside the tree lock] in TreeLock.h
   if (lock.callInFlightElsewhere()) {
     // The tree's call in flight may be waiting for this thread: run as a nested call does.
-    tree->noteFallback(fn,
-                       "it was called on another thread while a call on its tree ran user code "
-                       "(a nested graphed call, as a backward that autograd runs on its device "
-                       "thread while the forward's thread waits for it); it runs eagerly");
+    const std::string why =
+        "it was called on another thread while a call on its tree ran user code (a nested "
+        "graphed call, as a backward that autograd runs on its device thread while the forward's "
+        "thread waits for it); it runs eagerly";
+    tree->noteFallback(fn, why);
     tree->policy_.noteFinished(fn, RunKind::kEager);  // a backward closes its pending forward
     tree = Handle();
     CallDepthGuard depth;  // the graphed calls it makes are part of it, as in a nested call
-    *result = {run(inputs), RunKind::kEager};
+    CallRange range(CallRange::Kind::kEager, nullptr, fn.name, -1, why);  // Note [Call ranges]
+    *result = {run(inputs), RunKind::kEager, nullptr, why};
     return false;
   }
   {

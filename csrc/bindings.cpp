@@ -4,6 +4,8 @@
 
 #include "BackendFactory.h"
 #include "BoxedCall.h"
+#include "CallRange.h"
+#include "CallStats.h"
 #include "FailureInjection.h"
 #include "GraphedCallable.h"
 #include "Logging.h"
@@ -70,6 +72,7 @@ py::dict treeInfo(const py::handle& device_obj) {
     nd["replays"] = n.replays;
     nd["on_current_path"] = n.on_current_path;
     nd["cpu_replay"] = n.cpu_replay.empty() ? py::object(py::none()) : py::str(n.cpu_replay);
+    nd["kind"] = n.kind;
     nodes.append(nd);
   }
   d["nodes"] = nodes;
@@ -84,6 +87,22 @@ std::string treeToDot(const py::handle& device_obj) {
     return "digraph graphtrees {\n  label=\"graphtrees: no tree on " + device.str() + "\";\n}\n";
   }
   return toDot(t);
+}
+
+py::list callStats() {
+  py::list out;
+  for (const auto& s : CallStats::all()) {
+    py::dict d;
+    d["name"] = s->name();
+    d["callable_id"] = s->callableId();
+    d["replays"] = s->count(RunKind::kReplay);
+    d["recordings"] = s->count(RunKind::kRecord);
+    d["warmups"] = s->count(RunKind::kWarmup);
+    d["eager"] = s->count(RunKind::kEager);
+    d["eager_reasons"] = s->reasons();
+    out.append(d);
+  }
+  return out;
 }
 
 std::pair<bool, std::string> checkPoolInvariants(const py::handle& device_obj) {
@@ -308,6 +327,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         }),
         py::arg("device"));
   m.def("tree_to_dot", wrap_pybind_function(&treeToDot), py::arg("device"));
+  m.def("_call_stats", &callStats,
+        "Per wrapped callable, what its calls ran as (Note [Call statistics] in CallStats.h).");
+  m.def("_reset_call_stats", &CallStats::resetAll,
+        "Zeroes every callable's call statistics and forgets those of freed callables.");
+  m.def("_call_ranges_begun", &CallRange::begun,
+        "Profiler and NVTX ranges begun since the process started (Note [Call ranges]).");
   m.def(
       "check_pool_invariants", wrap_pybind_function(&checkPoolInvariants), py::arg("device"),
       "(ok, why): the pool's allocated blocks are exactly the live outputs that own pool memory.");

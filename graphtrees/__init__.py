@@ -6,6 +6,7 @@ share one memory pool. See docs/semantics.md for how checkpointing keeps live ou
 """
 
 from ._api import (
+    GraphvizNotFoundError,
     check_pool_invariants,
     cudagraphify,
     mark_step_begin,
@@ -14,14 +15,18 @@ from ._api import (
     set_memory_budget,
     tree_info,
     tree_to_dot,
+    tree_to_svg,
 )
 from ._dynamo_backend import SkipError, compile, make_backend, split_info
 from ._ext import has_ext
 from ._policy import install, install_from_environment, installed, uninstall
+from ._report import install_from_environment as _report_from_environment
+from ._report import report, reset_report
 from ._verify import ReplayMismatchError
 from ._version import __version__
 
 __all__ = [
+    "GraphvizNotFoundError",
     "ReplayMismatchError",
     "SkipError",
     "check_pool_invariants",
@@ -33,13 +38,17 @@ __all__ = [
     "make_backend",
     "mark_step_begin",
     "memory_budget",
+    "report",
     "reset",
+    "reset_report",
     "set_memory_budget",
     "split_info",
     "tree_info",
     "tree_to_dot",
+    "tree_to_svg",
     "uninstall",
     "__version__",
 ]
 
 install_from_environment()  # GRAPHTREES_INSTALL=1: graphtrees behind mode='reduce-overhead'
+_report_from_environment()  # GRAPHTREES_REPORT=1: a one-line summary at exit

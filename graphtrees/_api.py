@@ -213,7 +213,8 @@ def tree_info(device: DeviceLike = "cpu") -> dict[str, Any]:
     leaked_bytes, pending_backward, live_outputs, current_node, pool (reserved_bytes,
     allocated_bytes, segments, blocks, allocated_blocks), nodes (id, parent, function,
     function_id, children, pool_bytes, num_outputs, input_kinds -- one letter per flat input: S
-    static, M managed, C copied --, live_outputs, replays, on_current_path), and the counters
+    static, M managed, C copied --, live_outputs, replays, on_current_path, cpu_replay, kind --
+    "graph", or "piece" for a piece of a split graph), and the counters
     below. A device without a tree gives the same keys with zeros and no nodes.
 
     Counters:
@@ -222,9 +223,47 @@ def tree_info(device: DeviceLike = "cpu") -> dict[str, Any]:
 
 
 def tree_to_dot(device: DeviceLike = "cpu") -> str:
-    """Graphviz DOT of the tree on ``device``: nodes labelled with their function and the pool
-    bytes their recording wrote; nodes with live outputs are filled, the current path is bold."""
+    """Graphviz DOT of the tree on ``device``: nodes labelled with their id, function, replays,
+    the pool bytes their recording wrote and their live outputs; nodes with live outputs are
+    filled green, the current path is bold red, pieces of a split graph are dashed.
+    :func:`tree_to_svg` renders it."""
     return get_ext().tree_to_dot(_device(device))
+
+
+GRAPHVIZ_MISSING = (
+    "graphtrees.tree_to_svg needs Graphviz's `dot` program, which is not on PATH. Install "
+    "Graphviz: `apt-get install graphviz` (Debian, Ubuntu), `conda install graphviz`, `brew "
+    "install graphviz` (macOS) or https://graphviz.org/download/ -- or render "
+    "graphtrees.tree_to_dot() elsewhere."
+)
+
+
+class GraphvizNotFoundError(RuntimeError):
+    """Graphviz's ``dot`` is not installed (the message says how to install it)."""
+
+
+def tree_to_svg(device: DeviceLike = "cpu", path: str | None = None) -> str:
+    """The tree on ``device`` as an SVG picture (:func:`tree_to_dot` rendered by Graphviz's
+    ``dot``): each node shows its id, function, replays, the pool bytes its recording wrote and
+    its live outputs; the current path is red, nodes with live outputs are green, pieces of a
+    split graph are dashed (``tree_info()``'s node ``kind``). Returns the SVG text and writes it
+    to ``path`` when given. Raises :class:`GraphvizNotFoundError`, saying how to install it,
+    when ``dot`` is not on PATH."""
+    import shutil
+    import subprocess
+
+    dot = shutil.which("dot")
+    if dot is None:
+        raise GraphvizNotFoundError(GRAPHVIZ_MISSING)
+    r = subprocess.run(
+        [dot, "-Tsvg"], input=tree_to_dot(device), capture_output=True, text=True, check=False
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"graphtrees.tree_to_svg: `{dot} -Tsvg` failed: {r.stderr.strip()}")
+    if path is not None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(r.stdout)
+    return r.stdout
 
 
 def check_pool_invariants(device: DeviceLike = "cpu") -> tuple[bool, str]:

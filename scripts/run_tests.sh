@@ -289,8 +289,24 @@ tsan_stage() {
   return $rc
 }
 
+# Graphviz's `dot`, for graphtrees.tree_to_svg and its test (tests/test_observability.py), which
+# is skipped without it: installed with apt-get when this runs as root and apt-get is there.
+graphviz_install() {
+  command -v dot > /dev/null && return 0
+  if [[ $(id -u) == 0 ]] && command -v apt-get > /dev/null; then
+    echo "[run_tests] Graphviz's dot is missing: apt-get install graphviz"
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends graphviz \
+        || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+          --no-install-recommends graphviz; }; } > /dev/null 2>&1 || true
+  fi
+  command -v dot > /dev/null \
+    || echo "[run_tests] Graphviz's dot is not installed and could not be (not root, or no" \
+      "apt-get): the SVG test of tests/test_observability.py is skipped"
+}
+
 t=$(date +%s)
 "$PY" -m pip install torch==2.14.1 torchvision==0.29.1 "${DEPS[@]}"
+graphviz_install
 stamp "install (torch 2.14.1)" "$t"
 t=$(date +%s)
 echo "[run_tests] building graphtrees against torch 2.14.1 (build/temp-torch2.14.1*: only what changed)"
@@ -359,6 +375,10 @@ host_cost() {
   (cd "$ROOT" && env "${STANDIN_ENV[@]}" CUDA_STANDIN_VALUES=0 "$PY" benchmarks/bench_standin.py --sections overhead \
     --iters 1000 --rounds 5 < /dev/null | tail -n 16) > "$HOST_COST_LOG" || rc=$?
   cat "$HOST_COST_LOG"
+  # The same replayed calls with and without a running torch.profiler: what graphtrees' profiler
+  # ranges cost (Note [Call ranges]: nothing without a profiler, one range with one).
+  (cd "$ROOT" && env "${STANDIN_ENV[@]}" CUDA_STANDIN_VALUES=0 "$PY" benchmarks/bench_ranges.py \
+    --device cuda --iters 1000 --rounds 5 < /dev/null 2> /dev/null | tail -n 6) || rc=$?
   stamp "host cost on the CUDA stand-in (torch 2.14.1, nothing else running)" "$t"
   return $rc
 }

@@ -2,7 +2,10 @@
 
 #include "CollectiveBuffers.h"
 
+#include <Python.h>
+
 #include <cstring>
+#include <string>
 #include <unordered_map>
 
 namespace graphtrees {
@@ -67,6 +70,38 @@ const char* dataDependentKernel(const at::RecordFunction& fn) {
   return it == kernels.end() ? nullptr : it->second;
 }
 
+// " at file.py:12": the line of the Python code that read the host -- the innermost frame of this
+// thread outside torch's own Python -- so that the eager reason names it (graphtrees.report()
+// groups calls by their reasons); empty when no such frame runs. Asked once per capture (only the
+// first host read is kept), with the GIL taken for it.
+std::string pythonLocation() {
+  if (!Py_IsInitialized()) return std::string();
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  std::string where;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr && where.empty()) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // a new reference
+    PyObject* file = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_filename");
+    const char* name = file != nullptr ? PyUnicode_AsUTF8(file) : nullptr;
+    if (name != nullptr && std::strstr(name, "/torch/") == nullptr) {
+      where = std::string(" at ") + name + ":" + std::to_string(PyFrame_GetLineNumber(frame));
+    }
+    Py_XDECREF(file);
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // a new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  PyErr_Clear();
+  PyErr_Restore(type, value, traceback);
+  PyGILState_Release(gil);
+  return where;
+}
+
 bool exemptFromHostSyncWatch(const char* op) {
   return std::strcmp(op, "aten::_assert_async") == 0 ||
          std::strcmp(op, "aten::_functional_assert_async") == 0;
@@ -95,9 +130,9 @@ Descend HostSyncWatchGuard::onStart(const ObservedOp& o, int /*level*/) {
   }
   if (w->first.empty()) {
     if (const char* what = hostSyncDescription(op)) {
-      w->first = std::string(op) + " (" + what + ")";
+      w->first = std::string(op) + " (" + what + ")" + pythonLocation();
     } else if (const char* kernel = dataDependentKernel(o.fn)) {
-      w->first = std::string(op) + " (" + kernel + ")";
+      w->first = std::string(op) + " (" + kernel + ")" + pythonLocation();
     }
   }
   return Descend::kNested;
@@ -109,7 +144,7 @@ void HostSyncWatchGuard::onEnd(const ObservedOp& o, int /*level*/, Descend /*cho
 
 void noteHostSync(const char* what) {
   HostSyncWatch* w = tls_watch;
-  if (w != nullptr && w->exempt_depth == 0 && w->first.empty()) w->first = what;
+  if (w != nullptr && w->exempt_depth == 0 && w->first.empty()) w->first = what + pythonLocation();
 }
 
 }  // namespace graphtrees

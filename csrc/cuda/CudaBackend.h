@@ -28,6 +28,7 @@
 
 #include "Backend.h"
 #include "cuda/MemoryLimit.h"
+#include "cuda/NvtxRanges.h"
 #include "cuda/PoolLayout.h"
 #include "cuda/PoolStreams.h"
 
@@ -65,6 +66,9 @@ class CudaBackend final : public Backend {
   void copyInputs(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override;
   void beginCall() override;
   void endCall() override;
+  bool marksRanges() const override { return NvtxRanges::attached(); }
+  void pushRange(const std::string& text) override { NvtxRanges::push(text); }
+  void popRange() override { NvtxRanges::pop(); }
   std::shared_ptr<Checkpoint> checkpoint() override;
   RestoreResult restore(const Checkpoint& checkpoint) override;
   void freeBlock(void* ptr) override;
