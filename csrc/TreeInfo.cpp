@@ -29,6 +29,8 @@ void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& p
     ni.replays = n.replays();
     ni.on_current_path = std::find(path.begin(), path.end(), &n) != path.end();
     if (const char* how = n.graph().cpuReplay()) ni.cpu_replay = how;
+    ni.conditionals = n.graph().conditionals();
+    if (!ni.conditionals.empty()) ni.kind = "conditional";
     out->push_back(std::move(ni));
     return true;
   });
@@ -76,7 +78,9 @@ std::string toDot(const TreeInfo& t) {
     os << "  n" << n.id << " [label=\"#" << n.id << " " << escape(n.function) << "\\n"
        << bytesString(n.pool_bytes) << " written";
     if (n.live_outputs > 0) os << "\\nlive outputs: " << n.live_outputs;
+    for (const auto& c : n.conditionals) os << "\\n" << c << " (program step)";
     os << "\"";
+    if (!n.conditionals.empty()) os << ", peripheries=2";
     if (n.live_outputs > 0) os << ", style=filled, fillcolor=\"#c6efce\"";
     if (n.on_current_path) os << ", penwidth=2";
     os << "];\n";

@@ -28,6 +28,9 @@ struct NodeInfo {
   int64_t replays = 0;
   bool on_current_path = false;
   std::string cpu_replay;  // "program" or "python" (Note [CPU graphs]); empty on a device
+  // The control steps its replay decides (Graph::conditionals()); "conditional" or "graph".
+  std::vector<std::string> conditionals;
+  std::string kind = "graph";
 };
 
 struct TreeInfo {
