@@ -113,9 +113,10 @@ def _tensors(out: Any, kind: str) -> tuple[list, Any]:
 
 
 def _aliases(t: torch.Tensor, operands: Any) -> bool:
-    ptr = t.untyped_storage().data_ptr()
+    # The StorageImpl, not data_ptr(): an address read would keep the Python replay.
+    storage = t.untyped_storage()._cdata
     return any(
-        isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() == ptr
+        isinstance(o, torch.Tensor) and o.untyped_storage()._cdata == storage
         for o in pytree.tree_leaves(operands)
     )
 

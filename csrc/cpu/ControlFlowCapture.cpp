@@ -55,7 +55,8 @@ bool cpuControlFlowEvent(const std::string& event, const std::vector<at::Tensor>
     tls_rng.pop_back();
     return r != nullptr;
   }
-  if (r == nullptr) return false;
+  // A cond inside a loop's later iterations is not recorded either.
+  if (r == nullptr || r->paused()) return false;
   if (event == "begin_cond") {
     TORCH_INTERNAL_ASSERT(first.size() == 1);
     r->beginCond(first[0]);

@@ -81,6 +81,7 @@ class ProgramRecorder : public CaptureWatcher {
   void endWhileLoop(const at::Tensor& pred, const std::vector<at::Tensor>& body_outs);
   // While paused, ops are not steps (the iterations of a loop after the recorded one).
   void pause(bool paused) { paused_ += paused ? 1 : -1; }
+  bool paused() const { return paused_ > 0; }
   // The generators its ops took as arguments (a closure's, say), with their states when first
   // seen: the proof rewinds them too.
   const RngStates& generatorStates() const { return generators_; }
