@@ -1,40 +1,39 @@
-"""torch.cond and torch.while_loop inside graphtrees' warmups, recordings and Python replays.
+"""torch.cond and torch.while_loop inside graphtrees' warmups, recordings and Python replays."""
 
-Note [Control flow in a recording]
-torch.cond(pred, true_fn, false_fn, operands) run eagerly compiles a wrapper with dynamo and calls
-the cond higher-order op, whose dense kernel (the CompositeExplicitAutograd one, reached below
-autograd, from eager code, from an aot_eager graph, from a backward) reads ``pred`` on the host:
-the host read refused every recording. torch.while_loop reads its predicate at every iteration.
-graphtrees replaces those two kernels at import (``install()``) with the functions below; outside
-a graphed call they call torch's own. Inside one (a warmup, a recording, a CPU Python replay) the
-predicate is never read by an op, and every arm runs:
-
-* **cond**: the true branch, then the false branch, on the same operands; the branch that is not
-  taken runs with the device's default generator put back afterwards (its draws do not count) and
-  its results are dropped. The cond's results are the true branch's, cloned where they alias an
-  operand; when the predicate is false, the false branch's results are copied into them (as a CUDA
-  IF/ELSE node's else-branch is copied into the if-branch's outputs, so that later work sees one
-  address). Both branches are warmed up; their allocations come from the pool; the pool holds the
-  true branch's results whichever branch ran.
-* **while_loop**: the carried values are cloned (the loop's own buffers), the cond function runs
-  once, the body once (dropped, and its draws undone, when the predicate is false: a body is
-  warmed up even when a call runs it zero times), the body's results are copied into the carried
-  buffers; the further iterations run with the recording paused and outside the pool, so that a
-  recording's allocations do not depend on the trip count.
-
-The same sequence runs in a warmup, a recording and a CPU Python replay, so that a Python replay
-allocates exactly as the recording did. On the CPU backend, the recording's program recorder turns
-each of them into one control step (Note [Control steps of a program] in csrc/cpu/OpProgram.h)
-that a program replay runs from C++: it reads the predicate, runs the taken arm (a loop: as many
-times as the predicate says) and no Python runs. The predicate is read in place
-(``_control_flow_predicate``), which the host-read watch does not see: the read is the control
-step's own, as a conditional node's kernel reads it on the device.
-
-On CUDA the recording has no control steps yet: a cond or while_loop there refuses the warmup
-with a reason that names it (the function runs eagerly, logged once), instead of reading the
-predicate during a capture. Issue 48 plans conditional nodes and, where none can serve, the
-tree-branch form (docs/semantics.md, "Data-dependent control flow").
-"""
+# Note [Control flow in a recording]
+# torch.cond(pred, true_fn, false_fn, operands) run eagerly compiles a wrapper with dynamo and calls
+# the cond higher-order op, whose dense kernel (the CompositeExplicitAutograd one, reached below
+# autograd, from eager code, from an aot_eager graph, from a backward) reads ``pred`` on the host:
+# the host read refused every recording. torch.while_loop reads its predicate at every iteration.
+# graphtrees replaces those two kernels at import (``install()``) with the functions below; outside
+# a graphed call they call torch's own. Inside one (a warmup, a recording, a CPU Python replay) the
+# predicate is never read by an op, and every arm runs:
+#
+# * **cond**: the true branch, then the false branch, on the same operands; the branch that is not
+#   taken runs with the device's default generator put back afterwards (its draws do not count) and
+#   its results are dropped. The cond's results are the true branch's, cloned where they alias an
+#   operand; when the predicate is false, the false branch's results are copied into them (as a CUDA
+#   IF/ELSE node's else-branch is copied into the if-branch's outputs, so that later work sees one
+#   address). Both branches are warmed up; their allocations come from the pool; the pool holds the
+#   true branch's results whichever branch ran.
+# * **while_loop**: the carried values are cloned (the loop's own buffers), the cond function runs
+#   once, the body once (dropped, and its draws undone, when the predicate is false: a body is
+#   warmed up even when a call runs it zero times), the body's results are copied into the carried
+#   buffers; the further iterations run with the recording paused and outside the pool, so that a
+#   recording's allocations do not depend on the trip count.
+#
+# The same sequence runs in a warmup, a recording and a CPU Python replay, so that a Python replay
+# allocates exactly as the recording did. On the CPU backend, the recording's program recorder turns
+# each of them into one control step (Note [Control steps of a program] in csrc/cpu/OpProgram.h)
+# that a program replay runs from C++: it reads the predicate, runs the taken arm (a loop: as many
+# times as the predicate says) and no Python runs. The predicate is read in place
+# (``_control_flow_predicate``), which the host-read watch does not see: the read is the control
+# step's own, as a conditional node's kernel reads it on the device.
+#
+# On CUDA the recording has no control steps yet: a cond or while_loop there refuses the warmup
+# with a reason that names it (the function runs eagerly, logged once), instead of reading the
+# predicate during a capture. Issue 48 plans conditional nodes and, where none can serve, the
+# tree-branch form (docs/semantics.md, "Data-dependent control flow").
 
 import logging
 from typing import Any
