@@ -121,6 +121,9 @@ class Graph {
   // (the function run again); nullptr for a device graph.
   virtual const char* cpuReplay() const { return nullptr; }
   virtual bool replaysProgram() const { return false; }
+  // The kinds of the control steps its replay decides itself, outermost first ("cond",
+  // "while_loop"; Note [Control steps of a program] in cpu/OpProgram.h).
+  virtual std::vector<std::string> conditionals() const { return {}; }
   // Runs `eager` (the function, eagerly, on `eager_inputs`: copies of a replay's inputs) and
   // names the first recorded op whose non-tensor argument the eager run passes differently (a
   // Python value the recording baked in); empty when none does or the graph cannot tell.

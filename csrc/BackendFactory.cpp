@@ -1,5 +1,6 @@
 #include "BackendFactory.h"
 
+#include "cpu/ControlFlowCapture.h"
 #include "cpu/CpuBackend.h"
 #include "cpu/CpuPool.h"
 #include "cpu/HostSyncWatch.h"
@@ -50,6 +51,15 @@ bool callerIsCapturing(c10::Device device) {
 
 void noteUndispatchedHostRead(const char* what) {
   noteHostSync(what);
+}
+
+bool controlFlowEvent(const std::string& event, const std::vector<at::Tensor>& first,
+                      const std::vector<at::Tensor>& second) {
+  return cpuControlFlowEvent(event, first, second);
+}
+
+bool controlFlowPredicate(const at::Tensor& pred) {
+  return cpuControlFlowPredicate(pred);
 }
 
 void noteUndispatchedAccess(const char* what) {

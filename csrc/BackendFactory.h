@@ -4,6 +4,7 @@
 
 #include "Backend.h"
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
@@ -32,6 +33,12 @@ void noteUndispatchedHostRead(const char* what);
 // Access to tensor memory that ATen does not dispatch (Tensor.numpy(), Tensor.data_ptr()),
 // reported by the Python layer: a CPU recording keeps the Python replay (Note [CPU graphs]).
 void noteUndispatchedAccess(const char* what);
+
+// torch.cond and torch.while_loop inside a recording (Note [Control flow in a recording] in
+// graphtrees/_control_flow.py): cpu/ControlFlowCapture.h's events and predicate read.
+bool controlFlowEvent(const std::string& event, const std::vector<at::Tensor>& first,
+                      const std::vector<at::Tensor>& second);
+bool controlFlowPredicate(const at::Tensor& pred);
 
 // For the tests: {pools alive, allocated blocks, reserved bytes} over every CPU pool, released
 // ones that still have blocks in use included.

@@ -133,6 +133,13 @@ std::string CaptureObserver::refusal() const {
          "outside the graphed function, or do the work without torch.jit.fork";
 }
 
+bool CaptureObserver::refuseCurrent(const std::string& why) {
+  CaptureObserver* o = current();
+  if (o == nullptr) return false;
+  o->refuse(why);
+  return true;
+}
+
 void CaptureObserver::registerCallback(CaptureWatcher::Needs needs) {
   static const auto callbacks =
       SlotCallbacks::make(std::make_index_sequence<CaptureObserver::kForkSlots + 1>());

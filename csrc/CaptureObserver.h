@@ -140,6 +140,9 @@ class CaptureObserver {
   // (PlaceholderViewCheck's), forked(), or blind() now (the function switched RecordFunction off),
   // or empty.
   std::string refusal() const;
+  // Refuses what this thread's observer, if any, is watching: what the Python layer finds that no
+  // op shows (torch.cond on a backend without its control steps). False without an observer.
+  static bool refuseCurrent(const std::string& why);
 
   static constexpr int kMaxWatchers = 8;
   static constexpr int kForkSlots = 32;

@@ -30,6 +30,8 @@ void appendNodeInfos(const TreeNode& root, const std::vector<const TreeNode*>& p
     ni.on_current_path = std::find(path.begin(), path.end(), &n) != path.end();
     if (const char* how = n.graph().cpuReplay()) ni.cpu_replay = how;
     ni.kind = nodeKind(ni.function);
+    ni.conditionals = n.graph().conditionals();
+    if (!ni.conditionals.empty()) ni.kind = "conditional";
     out->push_back(std::move(ni));
     return true;
   });
@@ -82,9 +84,12 @@ struct KindStyle {
   const char* shape;
   std::string style;
   const char* color;
+  int peripheries = 1;
 };
 KindStyle kindStyle(const std::string& kind) {
   if (kind == "piece") return {"box", "rounded,dashed", "#1f5fbf"};
+  // Its replay decides a branch or a loop (Note [Control steps of a program]): a double outline.
+  if (kind == "conditional") return {"box", "solid", "#7030a0", 2};
   return {"box", "solid", "black"};
 }
 }  // namespace
@@ -102,7 +107,8 @@ std::string toDot(const TreeInfo& t) {
   os << "digraph graphtrees {\n";
   os << "  label=\"graphtrees tree on " << escape(t.device) << " (pool reserved "
      << bytesString(t.pool.reserved_bytes)
-     << "; red: the current path, green: live outputs, dashed: pieces of a split graph)\";\n";
+     << "; red: the current path, green: live outputs, dashed: pieces of a split graph, double: "
+        "conditional)\";\n";
   os << "  labelloc=t;\n  node [fontname=\"monospace\"];\n";
   for (const auto& n : t.nodes) {
     KindStyle k = kindStyle(n.kind);
@@ -115,7 +121,10 @@ std::string toDot(const TreeInfo& t) {
        << "\\npool: " << bytesString(n.pool_bytes);
     if (n.kind != "graph") os << "\\n(" << escape(n.kind) << ")";
     if (n.live_outputs > 0) os << "\\nlive outputs: " << n.live_outputs;
-    os << "\"];\n";
+    for (const auto& c : n.conditionals) os << "\\n" << escape(c) << " (program step)";
+    os << "\"";
+    if (k.peripheries > 1) os << ", peripheries=" << k.peripheries;
+    os << "];\n";
   }
   for (const auto& n : t.nodes) {
     if (n.parent >= 0) os << "  n" << n.parent << " -> n" << n.id << ";\n";

@@ -27,7 +27,9 @@ struct NodeInfo {
   int64_t live_outputs = 0;
   int64_t replays = 0;
   bool on_current_path = false;
-  std::string cpu_replay;      // "program" or "python" (Note [CPU graphs]); empty on a device
+  std::string cpu_replay;  // "program" or "python" (Note [CPU graphs]); empty on a device
+  // The control steps its replay decides (Graph::conditionals()): "cond", "while_loop".
+  std::vector<std::string> conditionals;
   std::string kind = "graph";  // Note [Node kinds]
 };
 
@@ -35,7 +37,9 @@ struct NodeInfo {
 // What a node records, for the reader of tree_info() and the picture (toDot()): "graph", a whole
 // function; "piece", one piece of a graph that graphtrees split around what it cannot record
 // (Note [Piecewise graphs]: its function is named "<graph>[k/n]", graphtrees/_piecewise.py's
-// label()). A new kind of node adds its name here (nodeKind()) and its style to kindStyle() in
+// label()); "conditional", a recording whose replay decides a branch or a loop (its
+// `conditionals`, Note [Control steps of a program] in cpu/OpProgram.h). A new kind of node adds
+// its name here (nodeKind(), or where the node is described) and its style to kindStyle() in
 // TreeInfo.cpp; an unknown kind is drawn as a plain graph.
 std::string nodeKind(const std::string& function);
 

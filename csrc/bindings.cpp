@@ -6,6 +6,7 @@
 #include "BoxedCall.h"
 #include "CallRange.h"
 #include "CallStats.h"
+#include "CaptureObserver.h"
 #include "FailureInjection.h"
 #include "GraphedCallable.h"
 #include "Logging.h"
@@ -73,6 +74,14 @@ py::dict treeInfo(const py::handle& device_obj) {
     nd["on_current_path"] = n.on_current_path;
     nd["cpu_replay"] = n.cpu_replay.empty() ? py::object(py::none()) : py::str(n.cpu_replay);
     nd["kind"] = n.kind;
+    py::list conditionals;  // Note [Control steps of a program] in cpu/OpProgram.h
+    for (const auto& c : n.conditionals) {
+      py::dict cd;
+      cd["kind"] = c;
+      cd["form"] = c == "cond" ? "program-branch" : "program-loop";
+      conditionals.append(cd);
+    }
+    nd["conditionals"] = conditionals;
     nodes.append(nd);
   }
   d["nodes"] = nodes;
@@ -410,6 +419,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "_note_undispatched_access",
       [](const std::string& what) { noteUndispatchedAccess(what.c_str()); }, py::arg("what"),
       "Reports access to tensor memory that ATen does not dispatch (Tensor.numpy) on this thread.");
+  m.def("_control_flow_event", wrap_pybind_function(&controlFlowEvent), py::arg("event"),
+        py::arg("first") = std::vector<at::Tensor>(), py::arg("second") = std::vector<at::Tensor>(),
+        "Note [Control flow in a recording] (graphtrees/_control_flow.py): True iff a CPU program "
+        "recorder on this thread saw the event.");
+  m.def("_control_flow_predicate", wrap_pybind_function(&controlFlowPredicate), py::arg("pred"),
+        "A one-element CPU tensor read as a condition without dispatching an op.");
+  m.def("_refuse_recording", wrap_pybind_function(&CaptureObserver::refuseCurrent), py::arg("why"),
+        "Refuses the warmup or capture under way on this thread (it runs eagerly from then on, "
+        "for `why`); False if none is.");
+  m.def("_in_tree_call", &inTreeCall,
+        "Whether this thread is inside a graphed call (a warmup, recording or replay).");
   m.def("_cpu_pool_totals", &cpuPoolTotals,
         "[pools alive, allocated blocks, reserved bytes] over every CPU pool, released ones too.");
   m.attr("backends") = compiledBackends();

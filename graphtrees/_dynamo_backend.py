@@ -347,6 +347,27 @@ def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, 
     return boxed
 
 
+def _holds_control_flow(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph calls torch.cond or torch.while_loop."""
+    ops = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
+    return any(n.op == "call_function" and n.target in ops for n in gm.graph.nodes)
+
+
+def _log_control_flow_graph(name: str) -> None:
+    if name not in _logged_modes:
+        _logged_modes.add(name)
+        _logger.info(
+            "graphtrees: '%s' holds torch.cond or torch.while_loop: it runs as traced "
+            "(aot_eager) rather than through Inductor, whose code reads the predicate on the "
+            "host, so that graphtrees records the control flow itself",
+            name,
+        )
+
+
+def _run_traced(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], static: Sequence[int]):
+    return lambda args: gm(*args)
+
+
 def make_backend(**options) -> Callable:
     """A dynamo backend (for ``torch.compile(backend=...)``) with graphtrees options:
     inner ("inductor" or "aot_eager"), max_recorded_shapes, strict, warmup_iters,
@@ -455,6 +476,18 @@ def make_backend(**options) -> Callable:
                         meta.bw_donated_idxs = donated
 
             name = f"{graph}.{mode_name(mode)}"
+            if _holds_control_flow(aot_gm):
+                # Inductor reads a cond's predicate on the host (.item() in its wrapper code):
+                # the graph runs as traced, so that the cond reaches graphtrees' kernel (Note
+                # [Control flow in a recording] in _control_flow.py), with the program replay.
+                _log_control_flow_graph(name)
+                traced = dataclasses.replace(opts, inner="aot_eager", inner_options={})
+                wrapped = _wrap(
+                    traced, _run_traced, aot_gm, aot_inputs, static, mode, name, graph_reason
+                )
+                if reported is not None and not reported:
+                    reported.extend(_traced_strides(aot_gm))
+                return wrapped
             wrapped = _wrap(
                 opts, run_inductor, aot_gm, aot_inputs, static, mode, name, graph_reason
             )

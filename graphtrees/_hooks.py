@@ -408,6 +408,9 @@ def install(C) -> None:
     _C._set_module_epoch_source(_module_epoch)
     _follow_pytorch_mark_step()
     _answer_stream_capturing()
+    from . import _control_flow
+
+    _control_flow.install()  # Note [Control flow in a recording]
     module.register_module_parameter_registration_hook(_on_module_change)
     module.register_module_buffer_registration_hook(_on_module_change)
     module.register_module_module_registration_hook(_on_module_change)

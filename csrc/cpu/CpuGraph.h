@@ -66,6 +66,9 @@ class CpuGraph final : public Graph {
   const std::vector<Interval>& footprint() const override { return footprint_; }
   const char* cpuReplay() const override { return program_ ? "program" : "python"; }
   bool replaysProgram() const override { return program_ != nullptr; }
+  std::vector<std::string> conditionals() const override {
+    return program_ ? program_->controlKinds() : std::vector<std::string>();
+  }
   std::string explainDifference(const std::function<void()>& eager,
                                 const std::vector<at::Tensor>& eager_inputs) const override;
 

@@ -2,7 +2,9 @@
 
 #include "cpu/RoutingAllocator.h"
 
+#include <ATen/Dispatch.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/from_blob.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cmath>
@@ -84,8 +86,26 @@ bool sameConstant(const OpProgram::Arg& a, const OpProgram::Arg& b) {
 }  // namespace
 
 std::string OpProgram::opName(const Step& step) {
-  const auto& name = step.op.operator_name();
+  if (step.control) {
+    return step.control->kind == Control::Kind::kCond ? "torch.cond" : "torch.while_loop";
+  }
+  const auto& name = step.op->operator_name();
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+bool readPredicate(const at::Tensor& pred) {
+  TORCH_CHECK(pred.defined() && pred.device().is_cpu() && pred.numel() == 1,
+              "graphtrees: a predicate of torch.cond or torch.while_loop must be a one-element CPU "
+              "tensor here, got ",
+              pred.defined() ? pred.toString() : std::string("an undefined tensor"));
+  bool value = false;
+  // Read in place, not through an op: the read is the control step's own (on a device, a
+  // conditional node's kernel), not a host read of the function's.
+  AT_DISPATCH_ALL_TYPES_AND3(
+      at::kBool, at::kHalf, at::kBFloat16, pred.scalar_type(), "graphtrees_read_predicate", [&] {
+        value = *static_cast<const scalar_t*>(pred.const_data_ptr()) != static_cast<scalar_t>(0);
+      });
+  return value;
 }
 
 void OpProgram::run(const std::vector<at::Tensor>& inputs, RouteState* route,
@@ -98,12 +118,23 @@ void OpProgram::run(const std::vector<at::Tensor>& inputs, RouteState* route,
   for (const auto& h : held_) values[h.first] = h.second;
   torch::jit::Stack stack;
   stack.reserve(16);
-  for (size_t k = 0; k < steps_.size(); ++k) {
-    const Step& step = steps_[k];
+  runSteps(steps_, values, stack, route, function_name);
+}
+
+void OpProgram::runSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& values,
+                         torch::jit::Stack& stack, RouteState* route,
+                         const std::string& function_name) const {
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const Step& step = steps[k];
+    if (step.control) {
+      runControl(*step.control, values, stack, route, function_name);
+      for (int32_t s : step.release) values[s] = at::Tensor();
+      continue;
+    }
     if (route != nullptr) route->cursor = step.alloc_begin;
     stack.clear();
     for (const Arg& a : step.args) pushArg(a, values, &stack);
-    step.op.callBoxed(stack);
+    step.op->callBoxed(stack);
     TORCH_CHECK(route == nullptr || route->cursor == step.alloc_end, "graphtrees: the replay of '",
                 function_name, "' diverged from its recording: op #", k, " ", opName(step),
                 " made ", route ? route->cursor - step.alloc_begin : 0,
@@ -125,6 +156,60 @@ void OpProgram::run(const std::vector<at::Tensor>& inputs, RouteState* route,
   }
 }
 
+// Note [Control steps of a program] in OpProgram.h.
+void OpProgram::runControl(const Control& c, std::vector<at::Tensor>& values,
+                           torch::jit::Stack& stack, RouteState* route,
+                           const std::string& function_name) const {
+  const auto drop = [&](int arm) {
+    for (int32_t s : c.drop[arm]) values[s] = at::Tensor();
+  };
+  if (c.kind == Control::Kind::kCond) {
+    if (readPredicate(values[c.pred])) {
+      runSteps(c.arms[0], values, stack, route, function_name);
+      drop(0);
+      return;
+    }
+    runSteps(c.arms[1], values, stack, route, function_name);
+    for (size_t i = 0; i < c.outs[0].size(); ++i) {
+      const Home& h = c.homes[i];
+      // The recording's memory for arms[0]'s result: the graph's, free until this copy (it was
+      // alive from here on when recorded, so nothing the replay allocates overlaps it).
+      at::Tensor home = at::from_blob(h.data, h.sizes, h.strides, at::TensorOptions(h.dtype));
+      home.copy_(values[c.outs[1][i]]);
+      values[c.outs[0][i]] = std::move(home);
+    }
+    drop(1);
+    return;
+  }
+  while (true) {
+    runSteps(c.arms[0], values, stack, route, function_name);
+    const bool go_on = readPredicate(values[c.pred]);
+    drop(0);
+    if (!go_on) return;
+    runSteps(c.arms[1], values, stack, route, function_name);
+    for (size_t i = 0; i < c.carried.size(); ++i) {
+      const at::Tensor& out = values[c.outs[1][i]];
+      at::Tensor& carried = values[c.carried[i]];
+      if (!out.is_same(carried)) carried.copy_(out);
+    }
+    drop(1);
+  }
+}
+
+std::vector<std::string> OpProgram::controlKinds() const {
+  std::vector<std::string> kinds;
+  std::vector<const std::vector<Step>*> todo{&steps_};
+  for (size_t i = 0; i < todo.size(); ++i) {
+    for (const Step& s : *todo[i]) {
+      if (!s.control) continue;
+      kinds.push_back(s.control->kind == Control::Kind::kCond ? "cond" : "while_loop");
+      todo.push_back(&s.control->arms[0]);
+      todo.push_back(&s.control->arms[1]);
+    }
+  }
+  return kinds;
+}
+
 std::string OpProgram::firstDifference(const OpProgram& eager) const {
   const size_t n = std::min(steps_.size(), eager.steps_.size());
   for (size_t k = 0; k < n; ++k) {
@@ -138,7 +223,8 @@ std::string OpProgram::firstDifference(const OpProgram& eager) const {
              ": the Python code took another path than when it was recorded (a Python value "
              "decided it, and the recording baked that decision in)";
     }
-    const auto& schema = then.op.schema().arguments();
+    if (then.control || now.control) continue;  // their arms: the same Python code (FX graphs)
+    const auto& schema = then.op->schema().arguments();
     for (size_t i = 0; i < then.args.size() && i < now.args.size(); ++i) {
       const Arg& a = then.args[i];
       const Arg& b = now.args[i];

@@ -9,6 +9,8 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,9 +39,12 @@ class OpProgram {
     c10::IValue shown;           // what the value was, for diagnostics (a wrapped number's value)
     std::vector<int32_t> slots;  // kSlot: one; lists: one per element (-1: None)
   };
+  struct Control;
   struct Step {
     explicit Step(c10::OperatorHandle handle) : op(std::move(handle)) {}
-    c10::OperatorHandle op;
+    explicit Step(std::shared_ptr<const Control> c) : control(std::move(c)) {}
+    std::optional<c10::OperatorHandle> op;  // none: a control step
+    std::shared_ptr<const Control> control;
     std::vector<Arg> args;
     // Per returned value: the slots its tensors go to (-1: a tensor the program knew already,
     // such as the `self` an in-place op returns).
@@ -48,6 +53,38 @@ class OpProgram {
     std::vector<int32_t> release;  // op-result slots whose last use is this op
     size_t alloc_begin = 0;        // the recording's allocation cursor before and after the op
     size_t alloc_end = 0;
+  };
+  // Note [Control steps of a program]
+  // torch.cond and torch.while_loop inside a recording (Note [Control flow in a recording] in
+  // graphtrees/_control_flow.py) are one step each, holding sub-programs over the same slots:
+  //   kCond: arms[0] the true branch, arms[1] the false one. A replay reads slot `pred` (a value
+  //     an earlier step made, read on the host: on CPU that is what a conditional node's kernel
+  //     does on the device) and runs one arm. The step's results are the slots `outs[0]` (what
+  //     arms[0] returned); when arms[1] runs, its results `outs[1]` are copied to where arms[0]'s
+  //     lay when recorded (`homes`), as a CUDA IF/ELSE node's else-branch copies into the
+  //     if-branch's outputs, so that later steps and the graph's outputs find them there.
+  //   kWhileLoop: arms[0] computes the predicate (slot `pred`), arms[1] the body; while the
+  //     predicate holds, the body runs and its results `outs[1]` are copied into the carried
+  //     slots `carried` (clones the recording made before the loop). Each iteration's allocations
+  //     are answered at the addresses of the one recorded iteration: all of them are dead by the
+  //     end of an iteration, as they were when recorded.
+  // Slots made inside an arm are dropped inside it after their last use there, except the
+  // results the step hands on (outs[0] of a cond).
+  struct Home {
+    void* data;
+    std::vector<int64_t> sizes;
+    std::vector<int64_t> strides;
+    at::ScalarType dtype;
+  };
+  struct Control {
+    enum class Kind : uint8_t { kCond, kWhileLoop };
+    Kind kind = Kind::kCond;
+    int32_t pred = -1;
+    std::vector<Step> arms[2];
+    std::vector<int32_t> outs[2];
+    std::vector<Home> homes;       // kCond: where outs[0] lay when recorded
+    std::vector<int32_t> carried;  // kWhileLoop
+    std::vector<int32_t> drop[2];  // arm-made slots handed out of the arm, dropped after it
   };
 
   size_t numOps() const { return steps_.size(); }
@@ -62,13 +99,23 @@ class OpProgram {
   std::string firstDifference(const OpProgram& eager) const;
   // "aten::mul.Tensor"
   static std::string opName(const Step& step);
+  // The kinds of its control steps, outermost first ("cond", "while_loop").
+  std::vector<std::string> controlKinds() const;
 
  private:
   friend class ProgramRecorder;
+  void runSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& values,
+                torch::jit::Stack& stack, RouteState* route,
+                const std::string& function_name) const;
+  void runControl(const Control& c, std::vector<at::Tensor>& values, torch::jit::Stack& stack,
+                  RouteState* route, const std::string& function_name) const;
   std::vector<Step> steps_;
   int32_t num_inputs_ = 0;
   int32_t num_slots_ = 0;
   std::vector<std::pair<int32_t, at::Tensor>> held_;  // tensors from outside, by slot
 };
+
+// The value of a one-element CPU tensor as a condition, read in place (no op dispatched).
+bool readPredicate(const at::Tensor& pred);
 
 }  // namespace graphtrees

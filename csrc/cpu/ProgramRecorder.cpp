@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace graphtrees {
 
@@ -50,6 +52,46 @@ bool containsTensor(const c10::IValue& v) {
   return found;
 }
 
+// Every slot a step reads or writes, inside a control step's arms too.
+void slotsOf(const OpProgram::Step& step, std::vector<int32_t>* out) {
+  for (const auto& a : step.args) out->insert(out->end(), a.slots.begin(), a.slots.end());
+  for (const auto& r : step.results) out->insert(out->end(), r.begin(), r.end());
+  if (!step.control) return;
+  const OpProgram::Control& c = *step.control;
+  out->push_back(c.pred);
+  for (int arm = 0; arm < 2; ++arm) {
+    out->insert(out->end(), c.outs[arm].begin(), c.outs[arm].end());
+    for (const auto& s : c.arms[arm]) slotsOf(s, out);
+  }
+  out->insert(out->end(), c.carried.begin(), c.carried.end());
+}
+
+// Note [Values of an op program]: each value a list of steps makes (an op's result, a cond's
+// results) is dropped after its last use in that list, unless it is `handed` on out of it.
+void planReleases(std::vector<OpProgram::Step>* steps, const std::unordered_set<int32_t>& handed) {
+  std::unordered_map<int32_t, size_t> last;  // made here -> the last step that uses it
+  std::vector<int32_t> used;
+  for (size_t k = 0; k < steps->size(); ++k) {
+    const OpProgram::Step& step = (*steps)[k];
+    used.clear();
+    slotsOf(step, &used);
+    for (int32_t s : used) {
+      auto it = last.find(s);
+      if (it != last.end()) it->second = k;
+    }
+    const auto made = [&](int32_t s) {
+      if (s >= 0 && !handed.count(s)) last.emplace(s, k);
+    };
+    for (const auto& r : step.results) std::for_each(r.begin(), r.end(), made);
+    if (step.control && step.control->kind == OpProgram::Control::Kind::kCond) {
+      std::for_each(step.control->outs[0].begin(), step.control->outs[0].end(), made);
+    }
+  }
+  for (auto& step : *steps) step.release.clear();
+  for (const auto& kv : last) (*steps)[kv.second].release.push_back(kv.first);
+  for (auto& step : *steps) std::sort(step.release.begin(), step.release.end());
+}
+
 }  // namespace
 
 ProgramRecorder::ProgramRecorder(const std::vector<at::Tensor>& inputs,
@@ -59,6 +101,7 @@ ProgramRecorder::ProgramRecorder(const std::vector<at::Tensor>& inputs,
       allocations_(allocations),
       pool_(pool),
       prev_(tls_recorder) {
+  target_ = &program_->steps_;
   program_->num_inputs_ = static_cast<int32_t>(inputs.size());
   program_->num_slots_ = program_->num_inputs_;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -106,12 +149,12 @@ Descend ProgramRecorder::onStart(const ObservedOp& op, int level) {
   if (!op.named()) return Descend::kSeeThrough;  // not an op: its calls stand for it
   const auto& handle = op.handle();
   if (level == 0 && handle && decomposedOnReplay(*handle)) return Descend::kSeeThrough;
-  if (!failure_.empty()) return Descend::kNested;
+  if (!failure_.empty() || paused_ > 0) return Descend::kNested;
   // RecordFunction swallows what a callback throws: an error here must fail the recording.
   try {
     if (level == 0) {
       if (!handle) {
-        fail("op #" + std::to_string(program_->steps_.size()) + " " + fn.name() +
+        fail("op #" + std::to_string(target_->size()) + " " + fn.name() +
              " is not registered with the dispatcher");
       } else {
         recordStep(fn, *handle);
@@ -144,7 +187,7 @@ void ProgramRecorder::noteNestedWrites(const ObservedOp& op) {
 }
 
 void ProgramRecorder::recordStep(const at::RecordFunction& fn, const c10::OperatorHandle& handle) {
-  const std::string label = "op #" + std::to_string(program_->steps_.size()) + " " + fn.name();
+  const std::string label = "op #" + std::to_string(target_->size()) + " " + fn.name();
   const auto& schema = handle.schema().arguments();
   const auto inputs = fn.inputs();
   if (inputs.size() != schema.size()) return fail(label + ": its arguments could not be observed");
@@ -160,11 +203,12 @@ void ProgramRecorder::recordStep(const at::RecordFunction& fn, const c10::Operat
     return;
   }
   step.args = std::move(args);
-  program_->steps_.push_back(std::move(step));  // complete, or not at all
+  target_->push_back(std::move(step));  // complete, or not at all
 }
 
 void ProgramRecorder::onEnd(const ObservedOp& op, int level, Descend chosen) {
-  if (chosen != Descend::kNested || level > 0 || !failure_.empty() || program_->steps_.empty()) {
+  if (chosen != Descend::kNested || level > 0 || !failure_.empty() || paused_ > 0 ||
+      target_->empty()) {
     return;
   }
   const at::RecordFunction& fn = op.fn;
@@ -176,11 +220,12 @@ void ProgramRecorder::onEnd(const ObservedOp& op, int level, Descend chosen) {
 }
 
 void ProgramRecorder::recordResults(const at::RecordFunction& fn) {
-  OpProgram::Step& step = program_->steps_.back();
+  OpProgram::Step& step = target_->back();
+  if (step.control) return;  // the op that ended is not the last step's (an arm's first op, say)
   step.alloc_end = allocations_ != nullptr ? allocations_->size() : 0;
   const auto& outputs = fn.outputs();
-  if (outputs.size() != step.op.schema().returns().size()) {
-    return fail("op #" + std::to_string(program_->steps_.size() - 1) + " " + fn.name() +
+  if (outputs.size() != step.op->schema().returns().size()) {
+    return fail("op #" + std::to_string(target_->size() - 1) + " " + fn.name() +
                 ": its results could not be observed");
   }
   auto slotOfResult = [&](const at::Tensor& t) -> int32_t {
@@ -197,7 +242,7 @@ void ProgramRecorder::recordResults(const at::RecordFunction& fn) {
     } else if (isWork(v)) {
       step.waits.push_back(r);
     } else if (containsTensor(v)) {
-      return fail("op #" + std::to_string(program_->steps_.size() - 1) + " " + fn.name() +
+      return fail("op #" + std::to_string(target_->size() - 1) + " " + fn.name() +
                   " returns tensors in a structure a program cannot take apart");
     }
     step.results.push_back(std::move(slots));
@@ -334,28 +379,11 @@ std::unique_ptr<OpProgram> ProgramRecorder::finish(std::string* why) {
     *why = failure_;
     return nullptr;
   }
-  // Note [Values of an op program]: each op result is dropped after its last use.
-  OpProgram& p = *program_;
-  std::vector<int32_t> last(p.num_slots_, -1);
-  std::vector<uint8_t> result(p.num_slots_, 0);
-  for (size_t k = 0; k < p.steps_.size(); ++k) {
-    for (const auto& a : p.steps_[k].args) {
-      for (int32_t s : a.slots) {
-        if (s >= 0) last[s] = static_cast<int32_t>(k);
-      }
-    }
-    for (const auto& r : p.steps_[k].results) {
-      for (int32_t s : r) {
-        if (s >= 0) {
-          result[s] = 1;
-          last[s] = std::max(last[s], static_cast<int32_t>(k));
-        }
-      }
-    }
+  if (!open_.empty()) {
+    *why = "a torch.cond or torch.while_loop was left open";
+    return nullptr;
   }
-  for (int32_t s = 0; s < p.num_slots_; ++s) {
-    if (result[s]) p.steps_[last[s]].release.push_back(s);
-  }
+  planReleases(&program_->steps_, {});  // Note [Values of an op program]
   // Only what the run changed needs its old bytes back for the proof.
   saved_.erase(std::remove_if(saved_.begin(), saved_.end(),
                               [](const SavedStorage& s) {
@@ -366,6 +394,123 @@ std::unique_ptr<OpProgram> ProgramRecorder::finish(std::string* why) {
   seen_.clear();
   slots_.clear();
   return std::move(program_);
+}
+
+ProgramRecorder* ProgramRecorder::current() {
+  return tls_recorder;
+}
+
+// Note [Control steps of a program] in cpu/OpProgram.h.
+void ProgramRecorder::beginCond(const at::Tensor& pred) {
+  if (!failure_.empty()) return;
+  auto open = std::make_unique<OpenControl>();
+  open->control = std::make_shared<OpProgram::Control>();
+  open->control->kind = OpProgram::Control::Kind::kCond;
+  open->control->pred = knownSlot(pred, "the predicate of torch.cond");
+  open->parent = target_;
+  open->first_slot[0] = program_->num_slots_;
+  target_ = &open->control->arms[0];
+  open_.push_back(std::move(open));
+}
+
+void ProgramRecorder::beginWhileLoop(const std::vector<at::Tensor>& carried) {
+  if (!failure_.empty()) return;
+  auto open = std::make_unique<OpenControl>();
+  open->control = std::make_shared<OpProgram::Control>();
+  open->control->kind = OpProgram::Control::Kind::kWhileLoop;
+  for (const auto& t : carried) {
+    open->control->carried.push_back(knownSlot(t, "a carried value of torch.while_loop"));
+  }
+  open->parent = target_;
+  open->first_slot[0] = program_->num_slots_;
+  target_ = &open->control->arms[0];
+  open_.push_back(std::move(open));
+}
+
+void ProgramRecorder::nextArm() {
+  if (!failure_.empty() || open_.empty()) return;
+  OpenControl& open = *open_.back();
+  TORCH_INTERNAL_ASSERT(open.arm == 0);
+  open.arm = 1;
+  open.first_slot[1] = program_->num_slots_;
+  target_ = &open.control->arms[1];
+}
+
+int32_t ProgramRecorder::knownSlot(const at::Tensor& t, const char* what) {
+  if (!t.defined()) {
+    fail(std::string(what) + " is not a tensor");
+    return -1;
+  }
+  auto it = slots_.find(t.unsafeGetTensorImpl());
+  if (it != slots_.end()) return it->second;
+  return slotOf(t);  // from outside the function (held), or a failure
+}
+
+bool ProgramRecorder::madeInArm(int32_t slot, int arm) const {
+  const OpenControl& open = *open_.back();
+  if (slot < open.first_slot[arm] || slot >= open.first_slot[arm + 1]) return false;
+  return std::none_of(program_->held_.begin(), program_->held_.end(),
+                      [&](const auto& h) { return h.first == slot; });
+}
+
+void ProgramRecorder::endCond(const std::vector<at::Tensor>& outs0,
+                              const std::vector<at::Tensor>& outs1) {
+  if (!failure_.empty() || open_.empty()) return;
+  OpenControl& open = *open_.back();
+  open.first_slot[2] = program_->num_slots_;
+  OpProgram::Control& c = *open.control;
+  for (const auto& t : outs0) {
+    const int32_t s = knownSlot(t, "a result of torch.cond");
+    if (failure_.empty() && !madeInArm(s, 0)) {
+      fail("a result of torch.cond's true branch is a tensor it did not make");
+    }
+    c.outs[0].push_back(s);
+    c.homes.push_back({t.data_ptr(), t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+  }
+  for (const auto& t : outs1) {
+    const int32_t s = knownSlot(t, "a result of torch.cond");
+    c.outs[1].push_back(s);
+    if (madeInArm(s, 1)) c.drop[1].push_back(s);
+  }
+  if (c.outs[0].size() != c.outs[1].size()) fail("the branches of torch.cond return differently");
+  endControl();
+}
+
+void ProgramRecorder::endWhileLoop(const at::Tensor& pred,
+                                   const std::vector<at::Tensor>& body_outs) {
+  if (!failure_.empty() || open_.empty()) return;
+  OpenControl& open = *open_.back();
+  open.first_slot[2] = program_->num_slots_;
+  OpProgram::Control& c = *open.control;
+  c.pred = knownSlot(pred, "the predicate of torch.while_loop");
+  if (failure_.empty() && !madeInArm(c.pred, 0)) {
+    fail("the predicate of torch.while_loop is a tensor its cond_fn did not make");
+  }
+  c.drop[0].push_back(c.pred);
+  for (const auto& t : body_outs) {
+    const int32_t s = knownSlot(t, "a result of torch.while_loop's body");
+    c.outs[1].push_back(s);
+    if (madeInArm(s, 1)) c.drop[1].push_back(s);
+  }
+  if (c.outs[1].size() != c.carried.size())
+    fail("the body of torch.while_loop returns differently");
+  endControl();
+}
+
+void ProgramRecorder::endControl() {
+  std::unique_ptr<OpenControl> open = std::move(open_.back());
+  open_.pop_back();
+  target_ = open->parent;
+  if (!failure_.empty()) return;
+  OpProgram::Control& c = *open->control;
+  std::sort(c.drop[1].begin(), c.drop[1].end());
+  c.drop[1].erase(std::unique(c.drop[1].begin(), c.drop[1].end()), c.drop[1].end());
+  // What leaves an arm is not dropped inside it: the step hands it on, or drops it itself.
+  std::unordered_set<int32_t> handed(c.outs[0].begin(), c.outs[0].end());
+  handed.insert(c.outs[1].begin(), c.outs[1].end());
+  if (c.pred >= 0) handed.insert(c.pred);
+  for (auto& arm : c.arms) planReleases(&arm, handed);
+  target_->emplace_back(std::shared_ptr<const OpProgram::Control>(std::move(open->control)));
 }
 
 }  // namespace graphtrees

@@ -68,6 +68,20 @@ class ProgramRecorder : public CaptureWatcher {
   // Python code read or handed out tensor memory outside the dispatcher (`what`: "Tensor.numpy()")
   // on this thread: the recording there, if any, keeps the Python replay.
   static void noteUndispatchedAccess(const std::string& what);
+  // The recorder of the calling thread's capture (or trace), or nullptr.
+  static ProgramRecorder* current();
+  // A torch.cond or torch.while_loop, recorded as one control step (Note [Control steps of a
+  // program] in cpu/OpProgram.h) while the Python layer runs its arms (Note [Control flow in a
+  // recording] in graphtrees/_control_flow.py): begin, the ops of arms[0], nextArm(), the ops of
+  // arms[1], end. Mistakes fail the program (the recording keeps the Python replay).
+  void beginCond(const at::Tensor& pred);
+  void beginWhileLoop(const std::vector<at::Tensor>& carried);
+  void nextArm();
+  void endCond(const std::vector<at::Tensor>& outs0, const std::vector<at::Tensor>& outs1);
+  void endWhileLoop(const at::Tensor& pred, const std::vector<at::Tensor>& body_outs);
+  // While paused, ops are not steps (the iterations of a loop after the recorded one).
+  void pause(bool paused) { paused_ += paused ? 1 : -1; }
+  bool paused() const { return paused_ > 0; }
   // The generators its ops took as arguments (a closure's, say), with their states when first
   // seen: the proof rewinds them too.
   const RngStates& generatorStates() const { return generators_; }
@@ -84,6 +98,20 @@ class ProgramRecorder : public CaptureWatcher {
   int32_t newSlot(const at::Tensor& t);
   void noteWrite(const at::Tensor& t);
   void fail(std::string why);
+  int32_t knownSlot(const at::Tensor& t, const char* what);
+  bool madeInArm(int32_t slot, int arm) const;
+  void endControl();
+
+  struct OpenControl {
+    std::shared_ptr<OpProgram::Control> control;
+    std::vector<OpProgram::Step>* parent;
+    int arm = 0;
+    int32_t first_slot[3] = {0, 0, 0};  // slots made in arm a: [first_slot[a], first_slot[a+1])
+  };
+  std::vector<std::unique_ptr<OpenControl>> open_;
+  std::vector<OpProgram::Step>* target_ =
+      nullptr;  // where steps go: the program's, or an open arm's
+  int paused_ = 0;
 
   std::unique_ptr<OpProgram> program_;
   const std::vector<Allocation>* allocations_;
