@@ -206,6 +206,8 @@ def main():
 
     res["machine"] = machine()
     res["date"] = datetime.date.today().isoformat()
+    git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True)
+    res["commit"] = git.stdout.decode().strip() or None
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(res, fh, indent=1)
