@@ -144,7 +144,7 @@ instrumented_build() {
 sanitizer_runtime() {
   local lib
   lib=$(readlink -f "$(${CXX:-c++} -print-file-name="$1")")
-  [[ -f $lib ]] && echo "$lib"
+  if [[ -f $lib ]]; then echo "$lib"; fi
 }
 # dlopen() called through a sanitizer runtime's interceptor searches the interceptor's paths, not
 # the caller's RUNPATH: cuDNN then cannot find its sub-libraries (SDPA's backend choice asks for
