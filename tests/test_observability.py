@@ -587,7 +587,9 @@ def test_call_statistics_of_freed_uncalled_callables_are_dropped():
     before = len(ext._call_stats())
     for _ in range(3000):  # made per request, never called: not kept
         cudagraphify(lambda x: x + 1, name="per_request")
-    assert len(ext._call_stats()) - before < 200
+    # Bounded by about twice what is alive or counted (the sweep runs when the list doubled; a
+    # callable in a reference cycle lives until the collector runs), not by what was made.
+    assert len(ext._call_stats()) <= 2 * before + 200, (before, len(ext._call_stats()))
     kept = cudagraphify(lambda x: x + 1, name="kept_and_called")
     kept(torch.randn(2))
     for _ in range(300):
