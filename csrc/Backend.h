@@ -134,6 +134,15 @@ class Graph {
   }
 };
 
+// Ranges of a tracing tool of a device's own (Note [Call ranges] in CallRange.h), with no state:
+// whether one is attached now (asked at every call: it must be cheap), and a range's begin and
+// end around a graphed call, nested as calls nest. CUDA: NVTX (cuda/NvtxRanges.h).
+struct RangeMarks {
+  bool (*attached)();
+  void (*push)(const std::string& text);
+  void (*pop)();
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -183,12 +192,10 @@ class Backend {
   virtual void beginCall() {}
   virtual void endCall() {}
 
-  // Ranges of a tracing tool of the device's own (Note [Call ranges] in CallRange.h): whether
-  // one is attached now (asked at every call: it must be cheap), and a range's begin and end
-  // around a graphed call, nested as calls nest. CUDA: NVTX (cuda/NvtxRanges.h).
-  virtual bool marksRanges() const { return false; }
-  virtual void pushRange(const std::string& /*text*/) {}
-  virtual void popRange() {}
+  // The ranges of the device's own tracing tool (Note [Call ranges] in CallRange.h), or nullptr.
+  // The same as BackendFactory.h's rangeMarks() of the device, which reaches them without a
+  // backend (an eager run decided outside the tree).
+  virtual const RangeMarks* rangeMarks() const { return nullptr; }
 
   // Both wait for the work queued on the pool's memory first (the device synchronisation is
   // theirs, not the caller's). restore() throws RestoreError on failure.

@@ -49,6 +49,15 @@ bool callerIsCapturing(c10::Device device) {
 #endif
 }
 
+const RangeMarks* rangeMarks(c10::Device device) {
+#ifdef GRAPHTREES_WITH_CUDA
+  if (device.is_cuda()) return &NvtxRanges::marks();
+#else
+  (void)device;
+#endif
+  return nullptr;
+}
+
 void noteUndispatchedHostRead(const char* what) {
   noteHostSync(what);
 }

@@ -18,6 +18,10 @@ namespace graphtrees {
 // was compiled in or it cannot be used (e.g. CUDA with a non-native allocator).
 std::unique_ptr<Backend> makeBackend(c10::Device device, std::string* why_not);
 
+// The ranges of `device`'s own tracing tool (NVTX on CUDA, when the CUDA backend is compiled in),
+// or nullptr: what its backend's rangeMarks() gives, without a backend (Note [Call ranges]).
+const RangeMarks* rangeMarks(c10::Device device);
+
 // The backends compiled in ("cpu", and "cuda" when built with the CUDA backend).
 std::vector<std::string> compiledBackends();
 // Why CUDA tensors would run eagerly (not compiled in, not enabled, another allocator), or "".

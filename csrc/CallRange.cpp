@@ -23,6 +23,11 @@ int64_t CallRange::begun() {
 }
 
 CallRange::CallRange(Kind kind, Backend* backend, const std::string& function, int64_t node,
+                     const std::string& reason)
+    : CallRange(kind, backend != nullptr ? backend->rangeMarks() : nullptr, function, node,
+                reason) {}
+
+CallRange::CallRange(Kind kind, const RangeMarks* marks, const std::string& function, int64_t node,
                      const std::string& reason) {
   // Note [Call ranges]: nothing below runs while nothing watches. The profiler's callbacks for
   // this scope, from the thread's cache (what RECORD_FUNCTION_WITH_SCOPE asks first).
@@ -39,18 +44,18 @@ CallRange::CallRange(Kind kind, Backend* backend, const std::string& function, i
     }
     g_begun.fetch_add(1, std::memory_order_relaxed);
   }
-  if (backend != nullptr && backend->marksRanges()) {
+  if (marks != nullptr && marks->attached()) {
     std::string text = std::string(name(kind)) + " " + function;
     if (node >= 0) text += " #" + std::to_string(node);
     if (!reason.empty()) text += ": " + reason;
-    backend->pushRange(text);
-    marked_ = backend;
+    marks->push(text);
+    marked_ = marks;
     g_begun.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
 CallRange::~CallRange() {
-  if (marked_ != nullptr) marked_->popRange();
+  if (marked_ != nullptr) marked_->pop();
   // record_'s destructor ends the profiler's range.
 }
 

@@ -8,19 +8,24 @@
 // checkpoint opens graphtrees::restore inside the warmup or recording it makes room for. A range
 // is an at::RecordFunction of RecordScope::USER_SCOPE (what torch.profiler.record_function opens)
 // whose keyword inputs carry the function's name ("function"), the node's id ("node": the node
-// replayed, the node a recording becomes, the node restored to; -1 for none) and, for an eager
-// run, its reason ("reason"), given when the profiler asks for inputs (torch.profiler with
-// record_shapes=True, which reports them as the event's kwinputs). The
+// replayed, the node restored to, or the id the recording is to get -- a recording that the
+// device refuses or that raises makes no node, and its id is never seen in tree_info(); -1 for
+// none) and, for an eager run, its reason ("reason"), given when the profiler asks for inputs
+// (torch.profiler with record_shapes=True, which reports them as the event's kwinputs). The
 // replay range encloses the input copies, the replay and the write-back; the record range, a
 // recording that the device refused and the eager run that replaced it (graphtrees::eager,
-// nested, with the reason).
+// nested, with the reason) -- unless the refused recording's own run is kept as the call's result
+// (TreeManager::capture()'s keep path: the CPU emulation's capture ran to its end), when nothing
+// runs again and no eager range is nested.
 // Zero cost when nothing watches: a range is begun only when the thread's cached RecordFunction
 // callbacks of USER_SCOPE are not empty (at::getStepCallbacksUnlessEmpty, what
 // RECORD_FUNCTION_WITH_SCOPE asks first: a thread-local read; at::hasCallbacks() would copy the
-// global callbacks under a mutex), or the backend says a tracing tool is attached
-// (Backend::marksRanges(); CUDA: NVTX with an injected tool, cuda/NvtxRanges.h); the text of a
-// backend range is built only then. The CPU emulation's own observers (CaptureObserver and its
-// watchers: ProgramRecorder, HostSyncWatch, InputMutationCheck, PlaceholderViewCheck) see
+// global callbacks under a mutex), or the device's tracing tool is attached (RangeMarks in
+// Backend.h; CUDA: NVTX with an injected tool, cuda/NvtxRanges.h) -- asked of the tree's backend,
+// or, for an eager run decided outside the tree (GraphedCallable::fallback(),
+// TreeRegistry::runOn()'s call from another thread), of BackendFactory.h's rangeMarks(device); the
+// text of such a range is built only then. The CPU emulation's own observers (CaptureObserver and
+// its watchers: ProgramRecorder, HostSyncWatch, InputMutationCheck, PlaceholderViewCheck) see
 // RecordScope::FUNCTION only: a range is never recorded as an op nor counted as one. A range begun
 // before an observer was registered ends with the callbacks it began with (RecordFunction keeps
 // them), so the observer never sees it either.
@@ -34,14 +39,19 @@
 namespace graphtrees {
 
 class Backend;
+struct RangeMarks;
 
 class CallRange {
  public:
   enum class Kind { kReplay, kRecord, kWarmup, kRestore, kEager };
 
-  // Begins the range when something watches. `backend`: the tree's, for its own ranges (nullptr:
-  // the profiler's only). `function`, `reason`: read now, not kept.
+  // Begins the range when something watches. `backend`: the tree's, for its device's own ranges
+  // too (Backend::rangeMarks()). `function`, `reason`: read now, not kept.
   CallRange(Kind kind, Backend* backend, const std::string& function, int64_t node,
+            const std::string& reason = std::string());
+  // The same without a backend: `marks`, the device's (BackendFactory.h's rangeMarks(device);
+  // nullptr: the profiler's ranges only).
+  CallRange(Kind kind, const RangeMarks* marks, const std::string& function, int64_t node,
             const std::string& reason = std::string());
   ~CallRange();
   CallRange(const CallRange&) = delete;
@@ -55,7 +65,7 @@ class CallRange {
 
  private:
   std::optional<at::RecordFunction> record_;
-  Backend* marked_ = nullptr;  // the backend whose range is open
+  const RangeMarks* marked_ = nullptr;  // the tool whose range is open
 };
 
 }  // namespace graphtrees

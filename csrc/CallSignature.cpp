@@ -236,16 +236,19 @@ void FlatArgs::addModule(bool training, const std::vector<at::Tensor>& module_te
 FlatArgs::Verdict FlatArgs::complete(std::string* why_eager) {
   if (!unsupported.empty()) {
     *why_eager = "it was called with " + unsupported;
+    why_kind = ReasonKind::kArguments;
     return Verdict::kEager;
   }
   if (tensors.empty()) {
     *why_eager = "it has no tensor arguments to tell its device";
+    why_kind = ReasonKind::kArguments;
     return Verdict::kEager;
   }
   const c10::Device device = tensors[0].device();
   if (!device.is_cpu() && !device.is_cuda()) {
     *why_eager = "its tensors are on the " + device.str() +
                  " device; graphtrees records functions on CPU and CUDA tensors";
+    why_kind = ReasonKind::kDevice;
     return Verdict::kEager;
   }
   // Inside the caller's own capture (torch.cuda.graph): part of it, like a nested call.
@@ -272,6 +275,7 @@ FlatArgs::Verdict FlatArgs::complete(std::string* why_eager) {
     if (t.device() != device) {
       *why_eager = "its tensors are on several devices (" + device.str() + " and " +
                    t.device().str() + "); a graph runs on one device";
+      why_kind = ReasonKind::kDevice;
       return Verdict::kEager;
     }
     if (grad && t.requires_grad()) {
@@ -279,6 +283,7 @@ FlatArgs::Verdict FlatArgs::complete(std::string* why_eager) {
                    (is_static[i] ? "a parameter or static input" : "an input") +
                    " requires grad. Call it under torch.no_grad() or torch.inference_mode() to "
                    "graph it";
+      why_kind = ReasonKind::kAutograd;
       return Verdict::kEager;
     }
   }

@@ -3,6 +3,7 @@
 // A call's arguments, flat, and its call key: every byte of the key is written here.
 
 #include "ArgumentAliases.h"
+#include "CallStats.h"
 #include "KeyObjects.h"
 
 #include <ATen/core/Tensor.h>
@@ -81,8 +82,10 @@ struct FlatArgs {
     kNested,  // the call is part of the caller's own capture (torch.cuda.graph): it runs as is
   };
   // Appends component 5, the state the call runs under, or says why the call cannot be graphed
-  // (`why_eager`). Last of the key but a variant.
+  // (`why_eager`, of kind `why_kind`: Note [Reason kinds] in CallStats.h). Last of the key but a
+  // variant.
   Verdict complete(std::string* why_eager);
+  ReasonKind why_kind = ReasonKind::kOther;
   c10::Device device() const { return tensors[0].device(); }
 };
 

@@ -187,6 +187,7 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
     const bool over_bound = room == SignatureCache::Room::kOverBound || attempt == kAttempts;
     std::shared_ptr<Signature> kept = signatures_.insert(key, sig, over_bound);
     if (kept == sig) {
+      stats_->addSignature(r.id);  // Note [Call statistics] in CallStats.h
       signatures_created_++;
       max_variant_ = std::max(max_variant_, hole);
       return sig;
@@ -215,7 +216,8 @@ py::object GraphedCallable::runFindingState(Signature& sig,
 }
 
 py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwargs,
-                                     const FlatArgs& flat, const std::string& reason) {
+                                     const FlatArgs& flat, const std::string& reason,
+                                     ReasonKind code) {
   TreeRegistry::Handle tree;
   const std::optional<c10::Device> device =
       flat.tensors.empty() ? flat.unsupported_device : flat.tensors[0].device();
@@ -229,10 +231,16 @@ py::object GraphedCallable::fallback(const py::args& args, const py::kwargs& kwa
   } else if (logged_reasons_.insert(reason).second) {
     GRAPHTREES_LOG(LogLevel::kWarning, "running '" + name_ + "' eagerly: " + reason);
   }
-  tree = TreeRegistry::Handle();          // Note [User code outside the tree lock] in TreeLock.h
-  stats_->note(RunKind::kEager, reason);  // Note [Call statistics] in CallStats.h
-  CallRange range(CallRange::Kind::kEager, nullptr, name_, -1, reason);  // Note [Call ranges]
-  return fn_(*args, **kwargs);
+  tree = TreeRegistry::Handle();  // Note [User code outside the tree lock] in TreeLock.h
+  py::object out;
+  {
+    // Note [Call ranges]: the device's own tracing tool too (NVTX on CUDA), with no tree asked.
+    CallRange range(CallRange::Kind::kEager, device ? rangeMarks(*device) : nullptr, name_, -1,
+                    reason);
+    out = fn_(*args, **kwargs);
+  }
+  stats_->note(RunKind::kEager, reason, code);  // Note [Call statistics]: once it returned
+  return out;
 }
 
 // Note [Buckets]
@@ -302,7 +310,8 @@ py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs)
     return fallback(args, kwargs, flat,
                     "its batch size (dimension " + std::to_string(options_.bucket_dim) +
                         ") is above the largest bucket (" + std::to_string(buckets.back()) +
-                        "); add a larger bucket to graph it");
+                        "); add a larger bucket to graph it",
+                    ReasonKind::kShapes);
   }
   const int64_t bucket = *it;
   if (bucket == b) return callExact(args, kwargs, &flat);
@@ -383,7 +392,7 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
   std::string why_eager;
   switch (flat.complete(&why_eager)) {
     case FlatArgs::Verdict::kEager:
-      return fallback(args, kwargs, flat, why_eager);
+      return fallback(args, kwargs, flat, why_eager, flat.why_kind);
     case FlatArgs::Verdict::kNested:  // inside the caller's own capture: part of it
       return fn_(*args, **kwargs);
     case FlatArgs::Verdict::kGraph:
@@ -393,10 +402,10 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
   // A backward belongs with its forward, whichever thread autograd runs it on.
   std::shared_ptr<TreeManager> found = TreeRegistry::find(
       device, &why_eager, mode_ == FunctionMode::kBackward ? &flat.tensors : nullptr);
-  if (found == nullptr) return fallback(args, kwargs, flat, why_eager);
+  if (found == nullptr) return fallback(args, kwargs, flat, why_eager, ReasonKind::kDevice);
 
   const std::shared_ptr<Signature> sig_holder = signatureFor(flat, device);
-  if (!sig_holder) return fallback(args, kwargs, flat, thrashingReason());
+  if (!sig_holder) return fallback(args, kwargs, flat, thrashingReason(), ReasonKind::kShapes);
   Signature& sig = *sig_holder;
   py::object result;  // the run's own result: what a warmup or an eager run returns
   // Each run learns or checks the result structure (Note [Results of a signature]).
@@ -416,8 +425,8 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     throw;
   }
   noteRan(sig);
-  stats_->note(r.kind,
-               r.kind == RunKind::kEager && r.reason.empty() ? sig.record.eager_reason : r.reason);
+  const std::string& why = r.reason.empty() ? sig.record.eager_reason : r.reason;
+  stats_->note(r.kind, why, r.kind == RunKind::kEager ? treeReasonKind(why) : ReasonKind::kOther);
   py::object out = (r.kind == RunKind::kEager || r.kind == RunKind::kWarmup)
                        ? std::move(result)
                        : sig.spec->unflatten(r.outputs, args, kwargs);

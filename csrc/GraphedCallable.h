@@ -64,8 +64,9 @@ class GraphedCallable {
  private:
   // `flat`: the arguments already flattened (without module tensors), or nullptr.
   py::object callExact(const py::args& args, const py::kwargs& kwargs, FlatArgs* flat = nullptr);
+  // Runs the call eagerly for `reason` (of kind `code`: Note [Reason kinds] in CallStats.h).
   py::object fallback(const py::args& args, const py::kwargs& kwargs, const FlatArgs& flat,
-                      const std::string& reason);
+                      const std::string& reason, ReasonKind code);
   // nullptr when the signature is new and Note [Eviction without thrashing] keeps the recorded
   // ones instead.
   std::shared_ptr<Signature> signatureFor(const FlatArgs& flat, c10::Device device);

@@ -61,8 +61,16 @@ TreeInfo TreeManager::snapshot() {
   return t;
 }
 
-std::string nodeKind(const std::string& function) {
-  // "...[k/n]": a piece (Note [Node kinds]).
+std::string nodeKind(const std::string& name) {
+  // "...[k/n]": a piece (Note [Node kinds]), and "...[k/n]#s" its signature s > 0
+  // (GraphedCallable's second and later signatures append "#s").
+  std::string function = name;
+  if (const size_t hash = name.rfind('#');
+      hash != std::string::npos && hash + 1 < name.size() &&
+      std::all_of(name.begin() + hash + 1, name.end(),
+                  [](char c) { return c >= '0' && c <= '9'; })) {
+    function.resize(hash);
+  }
   const size_t open = function.rfind('[');
   if (open == std::string::npos || function.empty() || function.back() != ']') return "graph";
   const std::string inner = function.substr(open + 1, function.size() - open - 2);
@@ -98,6 +106,10 @@ std::string toDot(const TreeInfo& t) {
   auto escape = [](const std::string& s) {
     std::string r;
     for (char ch : s) {
+      if (ch == '&') {  // Graphviz decodes HTML entities in a label: "&amp;" shows "&"
+        r += "&amp;";
+        continue;
+      }
       if (ch == '"' || ch == '\\') r += '\\';
       r += ch;
     }

@@ -37,10 +37,11 @@ struct NodeInfo {
 // What a node records, for the reader of tree_info() and the picture (toDot()): "graph", a whole
 // function; "piece", one piece of a graph that graphtrees split around what it cannot record
 // (Note [Piecewise graphs]: its function is named "<graph>[k/n]", graphtrees/_piecewise.py's
-// label()); "conditional", a recording whose replay decides a branch or a loop (its
-// `conditionals`, Note [Control steps of a program] in cpu/OpProgram.h). A new kind of node adds
-// its name here (nodeKind(), or where the node is described) and its style to kindStyle() in
-// TreeInfo.cpp; an unknown kind is drawn as a plain graph.
+// label(), or "<graph>[k/n]#s" for the piece's signature s > 0); "conditional", a recording whose
+// replay decides a branch or a loop (its `conditionals`, Note [Control steps of a program] in
+// cpu/OpProgram.h). A new kind of node adds its name here (nodeKind(), or where the node is
+// described) and its style to kindStyle() in TreeInfo.cpp; an unknown kind is drawn as a plain
+// graph.
 std::string nodeKind(const std::string& function);
 
 struct TreeInfo {

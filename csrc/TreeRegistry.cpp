@@ -227,10 +227,11 @@ bool TreeRegistry::runOn(Handle& tree, FunctionRecord& fn, const std::vector<at:
         "graphed call, as a backward that autograd runs on its device thread while the forward's "
         "thread waits for it); it runs eagerly";
     tree->noteFallback(fn, why);
-    tree->policy_.noteFinished(fn, RunKind::kEager);  // a backward closes its pending forward
+    tree->policy_.noteFinished(fn, RunKind::kEager);       // a backward closes its pending forward
+    const RangeMarks* marks = rangeMarks(tree->device());  // Note [Call ranges] in CallRange.h
     tree = Handle();
     CallDepthGuard depth;  // the graphed calls it makes are part of it, as in a nested call
-    CallRange range(CallRange::Kind::kEager, nullptr, fn.name, -1, why);  // Note [Call ranges]
+    CallRange range(CallRange::Kind::kEager, marks, fn.name, -1, why);
     *result = {run(inputs), RunKind::kEager, nullptr, why};
     return false;
   }

@@ -108,7 +108,16 @@ py::list callStats() {
     d["recordings"] = s->count(RunKind::kRecord);
     d["warmups"] = s->count(RunKind::kWarmup);
     d["eager"] = s->count(RunKind::kEager);
-    d["eager_reasons"] = s->reasons();
+    py::list reasons;  // Note [Reason kinds] in CallStats.h
+    for (const auto& [why, n] : s->reasons()) {
+      py::dict r;
+      r["reason"] = why.first;
+      r["kind"] = why.second;
+      r["count"] = n;
+      reasons.append(r);
+    }
+    d["eager_reasons"] = reasons;
+    d["signatures"] = s->signatures();
     out.append(d);
   }
   return out;
@@ -340,6 +349,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Per wrapped callable, what its calls ran as (Note [Call statistics] in CallStats.h).");
   m.def("_reset_call_stats", &CallStats::resetAll,
         "Zeroes every callable's call statistics and forgets those of freed callables.");
+  m.def(
+      "_tree_reason_kind",
+      [](const std::string& reason) { return std::string(reasonKindName(treeReasonKind(reason))); },
+      "The kind of a reason the tree gave (Note [Reason kinds] in CallStats.h), for the tests.");
   m.def("_call_ranges_begun", &CallRange::begun,
         "Profiler and NVTX ranges begun since the process started (Note [Call ranges]).");
   m.def(

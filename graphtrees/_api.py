@@ -238,6 +238,10 @@ GRAPHVIZ_MISSING = (
 )
 
 
+# How long tree_to_svg waits for Graphviz's dot.
+SVG_TIMEOUT_S = 60.0
+
+
 class GraphvizNotFoundError(RuntimeError):
     """Graphviz's ``dot`` is not installed (the message says how to install it)."""
 
@@ -248,22 +252,38 @@ def tree_to_svg(device: DeviceLike = "cpu", path: str | None = None) -> str:
     its live outputs; the current path is red, nodes with live outputs are green, pieces of a
     split graph are dashed (``tree_info()``'s node ``kind``). Returns the SVG text and writes it
     to ``path`` when given. Raises :class:`GraphvizNotFoundError`, saying how to install it,
-    when ``dot`` is not on PATH."""
+    when ``dot`` is not on PATH, and RuntimeError when ``dot`` fails or takes more than
+    ``SVG_TIMEOUT_S`` (60) seconds."""
     import shutil
     import subprocess
 
     dot = shutil.which("dot")
     if dot is None:
         raise GraphvizNotFoundError(GRAPHVIZ_MISSING)
-    r = subprocess.run(
-        [dot, "-Tsvg"], input=tree_to_dot(device), capture_output=True, text=True, check=False
-    )
+    # UTF-8 both ways, whatever the locale (DOT is UTF-8 by default; a function name need not be
+    # ASCII), and a bounded wait: a dot that hangs must not hang the caller.
+    try:
+        r = subprocess.run(
+            [dot, "-Tsvg"],
+            input=tree_to_dot(device).encode("utf-8"),
+            capture_output=True,
+            check=False,
+            timeout=SVG_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"graphtrees.tree_to_svg: `{dot} -Tsvg` did not finish in {SVG_TIMEOUT_S:g} s and was "
+            "killed; render graphtrees.tree_to_dot() yourself (a very large tree, or a broken "
+            "Graphviz install)"
+        ) from None
+    stderr = r.stderr.decode("utf-8", "replace").strip()
     if r.returncode != 0:
-        raise RuntimeError(f"graphtrees.tree_to_svg: `{dot} -Tsvg` failed: {r.stderr.strip()}")
+        raise RuntimeError(f"graphtrees.tree_to_svg: `{dot} -Tsvg` failed: {stderr}")
+    svg = r.stdout.decode("utf-8", "replace")
     if path is not None:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(r.stdout)
-    return r.stdout
+            f.write(svg)
+    return svg
 
 
 def check_pool_invariants(device: DeviceLike = "cpu") -> tuple[bool, str]:

@@ -35,7 +35,7 @@ import torch
 from ._ext import get_ext, has_ext
 from ._graph_checks import CHOSEN as _CHOSEN
 from ._graph_checks import fsdp2_reason, node_reasons
-from ._piecewise import SplittingOps, build, describe, label, plan, summary
+from ._piecewise import SplittingOps, build, counted, describe, label, plan, summary
 
 _INNER = ("inductor", "aot_eager")
 
@@ -319,7 +319,9 @@ def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, 
 
     def make_piece(i, piece, module):
         if not piece.recorded:
-            return _named(module.forward, f"eager_piece_{i + 1}")
+            # Note [Eager piece runs] in _piecewise.py: graphtrees.report() counts its runs.
+            run = counted(module.forward, name + label(i, len(pieces)), piece.why_eager)
+            return _named(run, f"eager_piece_{i + 1}")
         piece_static = [k for k, a in enumerate(piece.inputs) if a.name in static]
         inputs = [example.get(a, a.meta.get("val")) for a in piece.inputs]
         compiled = compile_fn(module, inputs, piece_static)

@@ -4,6 +4,7 @@
 
 import dataclasses
 import operator
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -356,3 +357,54 @@ def summary(name: str, pieces: Sequence[Piece]) -> list[dict]:
         }
         for i, p in enumerate(pieces)
     ]
+
+
+# Note [Eager piece runs]
+# graphtrees.report() counts the runs of each eager piece of a split graph beside the graphed
+# calls of its recorded pieces (Note [Call statistics] in csrc/CallStats.h): a split that left
+# half the model eager says so in the recorded fraction. counted() wraps the piece's function with
+# one counter (a Python attribute increment, next to the eager ops' own cost), counted once the
+# run returned, as a graphed call is. Entries are kept, like CallStats, until reset_report() --
+# which zeroes them and drops those whose piece is gone (a graph that torch._dynamo.reset()
+# freed) -- and a new entry drops the gone ones that counted nothing when the list has doubled.
+class _EagerPieceRuns:
+    __slots__ = ("name", "reason", "runs", "piece")
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason, self.runs, self.piece = name, reason, 0, None
+
+
+_eager_pieces: list[_EagerPieceRuns] = []
+_swept_at = [64]
+
+
+def _gone(e: _EagerPieceRuns) -> bool:
+    return e.piece is None or e.piece() is None
+
+
+def counted(fn: Callable[..., Any], name: str, why_eager: Sequence[str]) -> Callable[..., Any]:
+    """`fn`, an eager piece named `name`, counting its runs (Note [Eager piece runs])."""
+    entry = _EagerPieceRuns(name, "; ".join(why_eager) or "an eager piece of a split graph")
+
+    def piece(*args):
+        out = fn(*args)
+        entry.runs += 1
+        return out
+
+    entry.piece = weakref.ref(piece)
+    if len(_eager_pieces) >= _swept_at[0]:
+        _eager_pieces[:] = [e for e in _eager_pieces if e.runs or not _gone(e)]
+        _swept_at[0] = max(64, 2 * len(_eager_pieces))
+    _eager_pieces.append(entry)
+    return piece
+
+
+def eager_piece_runs() -> list[dict]:
+    """Every eager piece's ``name``, ``reason`` and ``runs`` since reset_eager_piece_runs()."""
+    return [{"name": e.name, "reason": e.reason, "runs": e.runs} for e in list(_eager_pieces)]
+
+
+def reset_eager_piece_runs() -> None:
+    _eager_pieces[:] = [e for e in _eager_pieces if not _gone(e)]
+    for e in _eager_pieces:
+        e.runs = 0

@@ -19,7 +19,6 @@ import atexit
 import json
 import logging
 import os
-import re
 import runpy
 import sys
 from typing import Any
@@ -28,31 +27,25 @@ import torch
 
 _logger = logging.getLogger("graphtrees")
 
-# The kind of an eager run's reason, by what its text says (the reasons are written in
-# csrc/ and graphtrees/; tests/test_observability.py runs one of each).
-_REASON_KINDS = [
-    (
-        "host sync",
-        re.compile(
-            r"on the host|host read|\.item\(\)|synchronis|host sync|while .*capturing", re.I
-        ),
-    ),
-    ("thrashing shapes", re.compile(r"max_recorded_shapes|above the largest bucket", re.I)),
-    ("memory budget", re.compile(r"memory budget|out of memory", re.I)),
-    ("re-recorded too often", re.compile(r"rerecord_limit", re.I)),
-    ("unsupported op", re.compile(r"cannot be recorded|unsupported|cannot record", re.I)),
-    ("autograd", re.compile(r"autograd|requires_grad|grad mode", re.I)),
-    ("arguments", re.compile(r"argument", re.I)),
-]
-
-
-def reason_kind(reason: str) -> str:
-    """The kind of an eager run's reason: "host sync", "unsupported op", "thrashing shapes",
-    "memory budget", "re-recorded too often", "autograd", "arguments" or "other"."""
-    for kind, pattern in _REASON_KINDS:
-        if pattern.search(reason):
-            return kind
-    return "other"
+# The kinds of eager reasons, as csrc/CallStats.cpp's reasonKindName() names them (Note [Reason
+# kinds]: each reason's kind is given where the reason is made, not guessed from its words), and
+# "eager piece" for the pieces of a split graph that run eagerly (graphtrees/_piecewise.py).
+REASON_KINDS = (
+    "host sync",
+    "unsupported op",
+    "thrashing shapes",
+    "memory budget",
+    "re-recorded too often",
+    "autograd",
+    "arguments",
+    "device",
+    "record function off",
+    "another thread",
+    "capture elsewhere",
+    "graphtrees failure",
+    "eager piece",
+    "other",
+)
 
 
 def _ext():
@@ -68,7 +61,14 @@ def _devices() -> list[str]:
     return devices
 
 
-def _graph_breaks() -> dict[str, int]:
+# dynamo's graph-break counts when reset_report() was last called (they are dynamo's, not ours).
+_graph_breaks_at_reset: dict[str, int] = {}
+
+
+def _dynamo_graph_breaks() -> dict[str, int]:
+    # Only when the program imported dynamo: a report never imports it (seconds, at exit).
+    if "torch._dynamo" not in sys.modules:
+        return {}
     try:
         from torch._dynamo.utils import counters
     except Exception:  # noqa: BLE001 - dynamo missing or broken: no graph breaks to report
@@ -76,29 +76,63 @@ def _graph_breaks() -> dict[str, int]:
     return {str(k): int(v) for k, v in counters.get("graph_break", {}).items()}
 
 
+def _graph_breaks() -> dict[str, int]:
+    """dynamo's graph breaks since reset_report()."""
+    out = {}
+    for reason, n in _dynamo_graph_breaks().items():
+        n -= _graph_breaks_at_reset.get(reason, 0)
+        if n > 0:
+            out[reason] = n
+    return out
+
+
+def _entry(name: str, callable_id: int | None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "id": callable_id,
+        "replays": 0,
+        "recordings": 0,
+        "warmups": 0,
+        "eager": 0,
+        "eager_reasons": [],
+        "nodes": [],
+    }
+
+
 def collect() -> dict[str, Any]:
-    """The report as a JSON-serialisable dict: ``functions`` (one entry per name: ``name``,
-    ``calls``, ``replays``, ``recordings``, ``warmups``, ``eager``, ``recorded_fraction`` --
-    replays over calls --, ``eager_reasons``: ``[{"reason", "kind", "count"}]`` most frequent
-    first, ``nodes``: ``[{"device", "id", "function", "pool_bytes", "replays", "kind"}]``,
-    ``pool_bytes``), ``compiled`` (graph name -> ``pieces`` as :func:`graphtrees.split_info`
-    gives them, with ``recorded_pieces`` and ``eager_pieces``), ``graph_breaks`` (dynamo's
-    reason -> count), ``devices`` (device -> pool reserved bytes and recordings) and ``summary``
-    (the totals)."""
+    """The report as a JSON-serialisable dict: ``functions`` (one entry per wrapped callable --
+    per ``cudagraphify()`` call or AOT graph graphtrees wraps -- and per eager piece of a split
+    graph: ``name``, ``id`` -- the callable's id, which tree_info()'s nodes are filed by, ``None``
+    for an eager piece --, ``label`` -- the name, with `` (id N)`` when another entry has the same
+    name --, ``calls``, ``replays``, ``recordings``, ``warmups``, ``eager``,
+    ``recorded_fraction`` -- replays over calls --, ``eager_reasons``: ``[{"reason", "kind",
+    "count"}]`` most frequent first (``kind``: one of :data:`REASON_KINDS`), ``nodes``:
+    ``[{"device", "id", "function", "pool_bytes", "replays", "kind"}]``, ``pool_bytes``),
+    ``compiled`` (graph name -> ``pieces`` as :func:`graphtrees.split_info` gives them, with
+    ``recorded_pieces`` and ``eager_pieces``), ``graph_breaks`` (dynamo's reason -> count since
+    :func:`reset_report`), ``devices`` (device -> pool reserved bytes and recordings) and
+    ``summary`` (the totals; ``eager_pieces``: the eager pieces that ran). A call that raised is
+    not counted (Note [Call statistics] in csrc/CallStats.h)."""
     from ._api import tree_info
     from ._dynamo_backend import split_info
+    from ._piecewise import eager_piece_runs
 
-    functions: dict[str, dict[str, Any]] = {}
+    functions: dict[Any, dict[str, Any]] = {}  # keyed by callable id
+    by_signature: dict[int, int] = {}  # a signature's function id -> its callable's id
     for s in _ext()._call_stats():
-        f = functions.setdefault(
-            s["name"],
-            {"name": s["name"], "replays": 0, "recordings": 0, "warmups": 0, "eager": 0},
-        )
+        f = functions.setdefault(s["callable_id"], _entry(s["name"], s["callable_id"]))
         for k in ("replays", "recordings", "warmups", "eager"):
             f[k] += s[k]
-        reasons = f.setdefault("_reasons", {})
-        for reason, n in s["eager_reasons"].items():
-            reasons[reason] = reasons.get(reason, 0) + n
+        f["eager_reasons"] += s["eager_reasons"]
+        for sig in s["signatures"]:
+            by_signature[sig] = s["callable_id"]
+    for i, piece in enumerate(eager_piece_runs()):
+        f = functions.setdefault(("piece", i), _entry(piece["name"], None))
+        f["eager"] = piece["runs"]
+        if piece["runs"]:
+            f["eager_reasons"] = [
+                {"reason": piece["reason"], "kind": "eager piece", "count": piece["runs"]}
+            ]
     devices = {}
     for device in _devices():
         info = tree_info(device)
@@ -110,11 +144,9 @@ def collect() -> dict[str, Any]:
             "recordings": len(info["nodes"]),
         }
         for n in info["nodes"]:
-            base = n["function"].split("#")[0]
-            f = functions.setdefault(
-                base, {"name": base, "replays": 0, "recordings": 0, "warmups": 0, "eager": 0}
-            )
-            f.setdefault("nodes", []).append(
+            key = by_signature.get(n["function_id"], ("node", n["function_id"]))
+            f = functions.setdefault(key, _entry(n["function"], None))
+            f["nodes"].append(
                 {
                     "device": device,
                     "id": n["id"],
@@ -126,19 +158,22 @@ def collect() -> dict[str, Any]:
             )
     out = []
     for f in functions.values():
-        reasons = f.pop("_reasons", {})
         f["calls"] = f["replays"] + f["recordings"] + f["warmups"] + f["eager"]
-        if f["calls"] == 0 and not f.get("nodes"):
+        if f["calls"] == 0 and not f["nodes"]:
             continue
         f["recorded_fraction"] = round(f["replays"] / f["calls"], 4) if f["calls"] else 0.0
-        f["eager_reasons"] = [
-            {"reason": r, "kind": reason_kind(r), "count": n}
-            for r, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
-        ]
-        f.setdefault("nodes", [])
+        f["eager_reasons"] = sorted(
+            f["eager_reasons"], key=lambda e: (-e["count"], e["reason"], e["kind"])
+        )
         f["pool_bytes"] = sum(n["pool_bytes"] for n in f["nodes"])
         out.append(f)
-    out.sort(key=lambda f: (-f["calls"], f["name"]))
+    names: dict[str, int] = {}
+    for f in out:
+        names[f["name"]] = names.get(f["name"], 0) + 1
+    for f in out:
+        same = names[f["name"]] > 1 and f["id"] is not None
+        f["label"] = f"{f['name']} (id {f['id']})" if same else f["name"]
+    out.sort(key=lambda f: (-f["calls"], f["name"], f["id"] if f["id"] is not None else -1))
     compiled = {}
     for graph, pieces in split_info().items():
         compiled[graph] = {
@@ -159,7 +194,7 @@ def collect() -> dict[str, Any]:
         "recorded_fraction": round(replays / calls, 4) if calls else 0.0,
         "pool_bytes": sum(f["pool_bytes"] for f in out),
         "graph_breaks": sum(breaks.values()),
-        "eager_pieces": sum(c["eager_pieces"] for c in compiled.values()),
+        "eager_pieces": sum(1 for p in eager_piece_runs() if p["runs"]),
     }
     return {
         "functions": out,
@@ -192,7 +227,7 @@ def _text(r: dict[str, Any]) -> str:
     lines = [summary_line(r), ""]
     for f in r["functions"]:
         lines.append(
-            f"{f['name']}: {f['calls']} calls: {f['replays']} replayed "
+            f"{f['label']}: {f['calls']} calls: {f['replays']} replayed "
             f"({100 * f['recorded_fraction']:.1f}%), {f['recordings']} recorded, "
             f"{f['warmups']} warmed up, {f['eager']} eager; pool {_bytes(f['pool_bytes'])}"
         )
@@ -235,8 +270,14 @@ def report(format: str = "text") -> str | dict[str, Any]:
 
 
 def reset_report() -> None:
-    """Zeroes the call counts :func:`report` shows (and forgets freed callables)."""
+    """Zeroes the call counts :func:`report` shows (and forgets freed callables), the runs of
+    eager pieces, and counts dynamo's graph breaks from here on."""
+    from ._piecewise import reset_eager_piece_runs
+
+    global _graph_breaks_at_reset
     _ext()._reset_call_stats()
+    reset_eager_piece_runs()
+    _graph_breaks_at_reset = _dynamo_graph_breaks()
 
 
 def _log_at_exit() -> None:
@@ -261,23 +302,46 @@ def install_from_environment() -> None:
         atexit.register(_log_at_exit)
 
 
+USAGE = "usage: python -m graphtrees.report [--json] [--] script.py [args...]"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``python -m graphtrees.report``: runs the script in this process, then prints the report --
+    also when the script raised or called sys.exit() (the traceback or the exit message follows
+    the report on stderr, and the script's exit status is the command's). Options end at ``--`` or
+    at the script: what follows is the script's own arguments (its own ``--json`` included)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
-    if "--" in argv:
-        argv = argv[argv.index("--") + 1 :]
-    else:
-        argv = [a for a in argv if a != "--json"]
+    as_json = False
+    while argv and argv[0].startswith("-"):
+        opt = argv.pop(0)
+        if opt == "--":
+            break
+        if opt == "--json":
+            as_json = True
+        else:
+            print(f"graphtrees.report: unknown option {opt!r}\n{USAGE}", file=sys.stderr)
+            return 2
     if not argv:
-        print("usage: python -m graphtrees.report [--json] -- script.py [args...]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     script = argv[0]
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    code = 0
+    code: int = 0
+    after = None  # what the script said on its way out: printed after the report
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    print(report("json") if as_json else report(), flush=True)
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            code, after = 1, str(e.code)  # sys.exit("message"): the message, status 1
+    except BaseException:  # noqa: BLE001 - the script's error: reported after the report
+        import traceback
+
+        code, after = 1, traceback.format_exc()
+    finally:
+        print(report("json") if as_json else report(), flush=True)
+    if after is not None:
+        print(after.rstrip("\n"), file=sys.stderr, flush=True)
     return code

@@ -1,6 +1,7 @@
 """What graphtrees shows of itself: profiler ranges (Note [Call ranges]), the tree as a picture
 (tree_to_svg) and the coverage report (graphtrees.report, Note [Call statistics])."""
 
+import gc
 import json
 import os
 import re
@@ -233,6 +234,8 @@ def test_nvtx_ranges_reach_an_injected_tool(tmp_path):
         "for _ in range(3):\n"
         "    graphtrees.mark_step_begin()\n"
         "    f(x)\n"
+        "g = graphtrees.cudagraphify(lambda x: x + 1, name='needs_grad')\n"
+        "g(torch.ones(4, device='cuda', requires_grad=True))\n"  # eager, decided before the tree
         "torch.cuda.synchronize()\n"
     )
     env = dict(os.environ, NVTX_INJECTION64_PATH=str(tool), GRAPHTREES_NVTX_LOG=str(log))
@@ -247,6 +250,9 @@ def test_nvtx_ranges_reach_an_injected_tool(tmp_path):
         "push graphtrees::record doubled #0",
         "pop",
         "push graphtrees::replay doubled #0",
+        "pop",
+        "push graphtrees::eager needs_grad: it needs autograd: grad mode is on and an input "
+        "requires grad. Call it under torch.no_grad() or torch.inference_mode() to graph it",
         "pop",
     ], lines
 
@@ -361,11 +367,27 @@ def test_report_of_a_compiled_model_shows_its_pieces_and_graph_breaks():
     ((graph, split),) = r["compiled"].items()
     assert split["recorded_pieces"] == 2 and split["eager_pieces"] == 1, split
     names = {f["name"] for f in r["functions"]}
-    assert {p["piece"] for p in split["pieces"] if p["recorded"]} <= names
-    assert all(f["replays"] == 2 for f in r["functions"]), r["functions"]
+    assert {p["piece"] for p in split["pieces"]} <= names
+    graphed = [f for f in r["functions"] if f["id"] is not None]
+    assert all(f["replays"] == 2 for f in graphed), r["functions"]
+    # The eager piece's runs are eager calls (review of issue 49, #4).
+    (eager,) = [f for f in r["functions"] if f["id"] is None and f["name"].startswith(graph)]
+    assert eager["calls"] == eager["eager"] == 4 and eager["nodes"] == [], eager
+    assert [e["kind"] for e in eager["eager_reasons"]] == ["eager piece"]
+    s = r["summary"]
+    assert s["eager"] >= 4 and s["eager_pieces"] == 1 and s["recorded_fraction"] < 0.5, s
     text = graphtrees.report()
     assert f"compiled graph {graph}: 3 pieces, 2 recorded, 1 eager" in text
     assert "graph breaks (torch._dynamo)" in text
+    # reset_report() starts dynamo's graph breaks and the eager pieces' runs from zero (#15).
+    graphtrees.reset_report()
+    s = graphtrees.report(format="dict")["summary"]
+    assert (s["calls"], s["graph_breaks"], s["eager_pieces"]) == (0, 0, 0), s
+    with torch.no_grad():
+        mark_step_begin()
+        compiled(x)
+    s = graphtrees.report(format="dict")["summary"]
+    assert s["eager_pieces"] == 1 and s["eager"] >= 1 and s["graph_breaks"] == 0, s
     torch._dynamo.reset()
 
 
@@ -388,3 +410,228 @@ def test_report_command_and_the_summary_at_exit(tmp_path):
     (f,) = report["functions"]
     assert (f["name"], f["calls"], f["replays"]) == ("doubled", 5, 3)
     assert "graphtrees: 5 calls of 1 functions: 3 replayed (60.0%)" in r.stderr
+
+
+# ---- review of issue 49 ----------------------------------------------------------------------
+
+
+def test_report_stays_callable_after_importing_its_module():
+    import importlib
+
+    module = importlib.import_module("graphtrees.report")  # what `import graphtrees.report` does
+    assert callable(module) and module.main is graphtrees._report.main
+    assert graphtrees.report().startswith("graphtrees: ")  # the package attribute may be either
+    assert graphtrees.report(format="dict")["summary"] == module(format="dict")["summary"]
+
+
+def test_report_files_nodes_and_counts_by_callable_not_name():
+    graphtrees.reset_report()
+    a = cudagraphify(lambda x: x + 1, name="same")  # always replays
+    b = cudagraphify(lambda x: x * x.sum().item(), name="same")  # never records: a host read
+    c = cudagraphify(lambda x: x * 2, name="layer#3")  # a '#' of the user's own
+    x = torch.randn(4)
+    for _ in range(5):
+        mark_step_begin()
+        a(x), b(x), c(x)
+    fs = graphtrees.report(format="dict")["functions"]
+    lambdas = sorted((f for f in fs if f["name"] == "same"), key=lambda f: f["id"])
+    assert [(f["replays"], f["eager"], len(f["nodes"])) for f in lambdas] == [(3, 0, 1), (0, 4, 0)]
+    assert [f["label"] for f in lambdas] == [f"same (id {f['id']})" for f in lambdas]
+    (layer,) = [f for f in fs if f["name"] == "layer#3"]
+    assert layer["label"] == "layer#3" and layer["calls"] == 5
+    assert [n["function"] for n in layer["nodes"]] == ["layer#3"] and layer["pool_bytes"] > 0
+    assert len(fs) == 3, fs
+    assert f"same (id {lambdas[0]['id']}): 5 calls" in graphtrees.report()
+
+
+def test_a_pieces_second_signature_is_a_piece():
+    p = cudagraphify(lambda h: h - 1, name="graph0.forward[2/3]")
+    for n in (8, 16):
+        for _ in range(3):
+            mark_step_begin()
+            p(torch.randn(n))
+    kinds = {n["function"]: n["kind"] for n in info("cpu")["nodes"]}
+    assert kinds == {"graph0.forward[2/3]": "piece", "graph0.forward[2/3]#1": "piece"}, kinds
+    assert 'style="rounded,dashed"' in graphtrees.tree_to_dot("cpu").split("#1 graph0")[0][-300:]
+
+
+def test_a_call_that_raises_is_counted_nowhere_and_closes_its_ranges():
+    def bad(x):
+        raise ValueError("user error")
+
+    graphtrees.reset_report()
+    before = cudagraphify(bad, name="raises_before_the_tree")  # autograd: fallback()
+    in_tree = cudagraphify(bad, name="raises_in_the_tree")
+    w, x = torch.randn(4, requires_grad=True), torch.randn(4)
+
+    def run():
+        for _ in range(3):
+            for fn, arg in ((before, w), (in_tree, x)):
+                with pytest.raises(ValueError):
+                    fn(arg)
+
+    prof = _profile(run)
+    assert graphtrees.report(format="dict")["summary"]["calls"] == 0
+    r = _ranges(prof)
+    assert {fn for _, fn, *_ in r} == {"raises_before_the_tree", "raises_in_the_tree"}
+    assert all(e.time_range.end >= e.time_range.start for *_, e in r)
+
+
+def test_host_reads_name_the_users_line_not_graphtrees_nor_a_torch_named_folder(tmp_path):
+    user = tmp_path / "torch" / "mymodel.py"  # the user's code in a folder named torch
+    user.parent.mkdir()
+    user.write_text("def body(x):\n    return x + len(x.tolist())\n")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mymodel_r49", user)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    f = cudagraphify(mod.body, name="tolist_in_user_code")
+    g = cudagraphify(lambda x: x + len(x.tolist()), name="tolist_here")
+    for _ in range(3):
+        mark_step_begin()
+        f(torch.randn(4)), g(torch.randn(4))
+    why_f = f.signatures()[0]["eager_reason"]
+    why_g = g.signatures()[0]["eager_reason"]
+    assert f"at {user}:2" in why_f, why_f
+    assert "test_observability.py:" in why_g and "_hooks.py" not in why_g, why_g
+
+
+def test_reason_kinds_come_from_where_the_reason_is_made():
+    graphtrees.reset_report()
+    x = torch.randn(8)
+    autograd = cudagraphify(lambda x: x + 1, name="autograd")
+    buckets = cudagraphify(lambda x: x + 1, name="buckets", buckets=[2])
+    host = cudagraphify(lambda x: x + len(x.tolist()), name="host")
+    blind = cudagraphify(lambda x: x * 2, name="blind")
+    for _ in range(3):
+        mark_step_begin()
+        autograd(torch.randn(8, requires_grad=True)), buckets(x), host(x)
+    torch._C._autograd._enable_record_function(False)
+    try:
+        blind(x)
+    finally:
+        torch._C._autograd._enable_record_function(True)
+    kinds = {
+        f["name"]: sorted({e["kind"] for e in f["eager_reasons"]})
+        for f in graphtrees.report(format="dict")["functions"]
+        if f["eager_reasons"]
+    }
+    assert kinds == {
+        "autograd": ["autograd"],
+        "buckets": ["thrashing shapes"],
+        "host": ["host sync"],
+        "blind": ["record function off"],
+    }, kinds
+    # The tree's sources that a CPU test cannot reach, by the text they begin with.
+    kind = get_ext()._tree_reason_kind
+    assert (
+        kind(
+            "it was called on another thread while a call on its tree ran user code (a nested "
+            "graphed call, as a backward that autograd runs on its device thread ...)"
+        )
+        == "another thread"
+    )
+    assert (
+        kind(
+            "it was called while another thread's capture (or budgeted warmup) on cuda:0 ran user "
+            "code (a thread it starts and joins, say) and held the device (waited 5 ms)"
+        )
+        == "capture elsewhere"
+    )
+    assert kind("it ran out of memory while recording it (CUDA out of memory)") == "memory budget"
+    assert kind("it was re-recorded 2 times (rerecord_limit=2), last because x") == (
+        "re-recorded too often"
+    )
+    assert kind("its replay failed: x") == "graphtrees failure"
+    assert set(graphtrees._report.REASON_KINDS) >= {k for ks in kinds.values() for k in ks}
+
+
+def test_tree_to_svg_in_an_ascii_locale_and_no_dynamo_import_at_exit(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "dot").write_text("#!/bin/sh\ncat\n")  # echoes the DOT: enough to see the bytes
+    (fake / "dot").chmod(0o755)
+    script = (
+        "import sys, torch, graphtrees\n"
+        "from graphtrees import _report\n"
+        "f = graphtrees.cudagraphify(lambda x: x + 1, name='\\u6a21\\u578b')\n"
+        "for _ in range(3):\n"
+        "    graphtrees.mark_step_begin(); f(torch.randn(4))\n"
+        "assert '\\u6a21\\u578b' in graphtrees.tree_to_svg('cpu')\n"
+        "_report.summary_line()\n"
+        "print('dynamo imported:', 'torch._dynamo' in sys.modules)\n"
+    )
+    env = dict(os.environ, LC_ALL="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0")
+    env["PATH"] = str(fake) + os.pathsep + env["PATH"]
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONIOENCODING"] = "utf-8"
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       encoding="utf-8", timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "dynamo imported: False" in r.stdout
+
+
+def test_tree_to_svg_gives_up_on_a_dot_that_hangs(monkeypatch, tmp_path):
+    (tmp_path / "dot").write_text("#!/bin/sh\nexec sleep 30\n")
+    (tmp_path / "dot").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    monkeypatch.setattr(graphtrees._api, "SVG_TIMEOUT_S", 0.5)
+    with pytest.raises(RuntimeError, match="did not finish in 0.5 s"):
+        graphtrees.tree_to_svg("cpu")
+
+
+def test_call_statistics_of_freed_uncalled_callables_are_dropped():
+    ext = get_ext()
+    graphtrees.reset_report()
+    before = len(ext._call_stats())
+    for _ in range(3000):  # made per request, never called: not kept
+        cudagraphify(lambda x: x + 1, name="per_request")
+    # Bounded by about twice what is alive or counted (the sweep runs when the list doubled; a
+    # callable in a reference cycle lives until the collector runs), not by what was made.
+    assert len(ext._call_stats()) <= 2 * before + 200, (before, len(ext._call_stats()))
+    kept = cudagraphify(lambda x: x + 1, name="kept_and_called")
+    kept(torch.randn(2))
+    for _ in range(300):
+        cudagraphify(lambda x: x + 1, name="per_request")
+    del kept
+    for _ in range(300):
+        cudagraphify(lambda x: x + 1, name="per_request")
+    names = [s["name"] for s in ext._call_stats()]
+    assert "kept_and_called" in names  # freed, but it counted a call: kept until reset_report()
+    graphtrees.reset()  # the tree's warmup state holds the callable too
+    gc.collect()
+    graphtrees.reset_report()
+    assert "kept_and_called" not in [s["name"] for s in ext._call_stats()]
+
+
+def test_dot_labels_show_ampersands_literally():
+    f = cudagraphify(lambda x: x + 1, name="a&amp;b")
+    for _ in range(3):
+        mark_step_begin()
+        f(torch.randn(2))
+    assert "a&amp;amp;b" in graphtrees.tree_to_dot("cpu")
+
+
+def test_report_command_reports_a_failing_script_and_keeps_its_exit(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys, torch, graphtrees\n"
+        "f = graphtrees.cudagraphify(lambda x: x * 2, name='doubled')\n"
+        "f(torch.ones(3))\n"
+        "print('argv', sys.argv[1:])\n"
+        "if sys.argv[-1] == 'raise': raise ValueError('the script failed')\n"
+        "sys.exit('a message of the script')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    # Options end at the script: its own --json is its own.
+    for args, argv, err in (
+        ([str(script), "--json", "raise"], "['--json', 'raise']", "ValueError: the script failed"),
+        (["--", str(script), "exit"], "['exit']", "a message of the script"),
+    ):
+        r = subprocess.run([sys.executable, "-m", "graphtrees.report", *args], capture_output=True,
+                           text=True, env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+        assert r.returncode == 1, r.stderr
+        assert f"argv {argv}" in r.stdout, r.stdout
+        assert "doubled: 1 calls" in r.stdout, r.stdout  # the text report, after the failure
+        assert r.stderr.rstrip().endswith(err), r.stderr[-2000:]

@@ -70,10 +70,41 @@ const char* dataDependentKernel(const at::RecordFunction& fn) {
   return it == kernels.end() ? nullptr : it->second;
 }
 
+// The folder of an imported package ("/.../site-packages/torch/"), or "" when it is not imported.
+// Called with the GIL held.
+std::string packageDir(const char* module) {
+  std::string dir;
+  PyObject* name = PyUnicode_FromString(module);
+  PyObject* m = name != nullptr ? PyImport_GetModule(name) : nullptr;  // a new reference
+  PyObject* file = m != nullptr ? PyObject_GetAttrString(m, "__file__") : nullptr;
+  const char* path = file != nullptr && PyUnicode_Check(file) ? PyUnicode_AsUTF8(file) : nullptr;
+  if (path != nullptr) {
+    dir = path;
+    dir.resize(dir.rfind('/') + 1);  // npos + 1 == 0: no folder
+  }
+  Py_XDECREF(file);
+  Py_XDECREF(m);
+  Py_XDECREF(name);
+  PyErr_Clear();
+  return dir;
+}
+
+// Whether a frame of `file` is the user's: not torch's own Python (its installed folder, not any
+// path with "/torch/" in it), not graphtrees' (its hooks that report an undispatched host read),
+// not code FX generated ("<eval_with_key>.N" of a GraphModule).
+bool usersFrame(const std::string& file) {
+  static const std::string torch_dir = packageDir("torch");
+  static const std::string graphtrees_dir = packageDir("graphtrees");
+  const auto under = [&file](const std::string& dir) {
+    return !dir.empty() && file.compare(0, dir.size(), dir) == 0;
+  };
+  return !under(torch_dir) && !under(graphtrees_dir) && file.rfind("<eval_with_key", 0) != 0;
+}
+
 // " at file.py:12": the line of the Python code that read the host -- the innermost frame of this
-// thread outside torch's own Python -- so that the eager reason names it (graphtrees.report()
-// groups calls by their reasons); empty when no such frame runs. Asked once per capture (only the
-// first host read is kept), with the GIL taken for it.
+// thread that is the user's (usersFrame()) -- so that the eager reason names it
+// (graphtrees.report() groups calls by their reasons); empty when no such frame runs. Asked once
+// per capture (only the first host read is kept), with the GIL taken for it.
 std::string pythonLocation() {
   if (!Py_IsInitialized()) return std::string();
   const PyGILState_STATE gil = PyGILState_Ensure();
@@ -86,7 +117,7 @@ std::string pythonLocation() {
     PyCodeObject* code = PyFrame_GetCode(frame);  // a new reference
     PyObject* file = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_filename");
     const char* name = file != nullptr ? PyUnicode_AsUTF8(file) : nullptr;
-    if (name != nullptr && std::strstr(name, "/torch/") == nullptr) {
+    if (name != nullptr && usersFrame(name)) {
       where = std::string(" at ") + name + ":" + std::to_string(PyFrame_GetLineNumber(frame));
     }
     Py_XDECREF(file);

@@ -66,9 +66,7 @@ class CudaBackend final : public Backend {
   void copyInputs(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) override;
   void beginCall() override;
   void endCall() override;
-  bool marksRanges() const override { return NvtxRanges::attached(); }
-  void pushRange(const std::string& text) override { NvtxRanges::push(text); }
-  void popRange() override { NvtxRanges::pop(); }
+  const RangeMarks* rangeMarks() const override { return &NvtxRanges::marks(); }
   std::shared_ptr<Checkpoint> checkpoint() override;
   RestoreResult restore(const Checkpoint& checkpoint) override;
   void freeBlock(void* ptr) override;
