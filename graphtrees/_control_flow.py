@@ -330,8 +330,8 @@ def _while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest
     why = None
     if not plain or not tensors:
         why = (
-            "its torch.while_loop carries values that are not tensors, or stacks its "
-            "outputs, which a recording cannot hold"
+            "its torch.while_loop carries values that are not tensors, stacks its outputs or "
+            "writes its arguments in place, which a recording cannot hold"
         )
     why = (
         why
