@@ -19,6 +19,7 @@ namespace {
 
 std::atomic<int64_t> g_next_thread_id{1};
 thread_local int tls_call_depth = 0;
+thread_local int tls_call_device_type = -1;
 thread_local int tls_recording_depth = 0;
 thread_local int tls_device_capture_depth = 0;
 
@@ -136,11 +137,16 @@ void setThreadExitHook(std::function<void(int64_t)> hook) {
 bool inTreeCall() {
   return tls_call_depth > 0;
 }
-CallDepthGuard::CallDepthGuard() {
+int treeCallDeviceType() {
+  return tls_call_depth > 0 ? tls_call_device_type : -1;
+}
+CallDepthGuard::CallDepthGuard(int device_type) : outer_device_type_(tls_call_device_type) {
   ++tls_call_depth;
+  if (device_type >= 0) tls_call_device_type = device_type;
 }
 CallDepthGuard::~CallDepthGuard() {
   --tls_call_depth;
+  tls_call_device_type = outer_device_type_;
 }
 
 namespace {

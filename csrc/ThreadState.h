@@ -50,12 +50,19 @@ void setThreadExitHook(std::function<void(int64_t)> hook);
 
 // True while the calling thread is inside a tree call (a nested wrapped call runs eagerly).
 bool inTreeCall();
+// The c10::DeviceType of the tree whose call is in flight on this thread (the innermost guard
+// given one: an eager run inside a call keeps its call's), or -1. The Python layer decides by it
+// whether torch.cond can become a CPU program's control step (Note [Control flow in a recording]).
+int treeCallDeviceType();
 class CallDepthGuard {
  public:
-  CallDepthGuard();
+  explicit CallDepthGuard(int device_type = -1);
   ~CallDepthGuard();
   CallDepthGuard(const CallDepthGuard&) = delete;
   CallDepthGuard& operator=(const CallDepthGuard&) = delete;
+
+ private:
+  int outer_device_type_;
 };
 
 // True while the calling thread runs a graph's program as a recording: during any capture, and

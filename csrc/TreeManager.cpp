@@ -115,7 +115,7 @@ TreeManager::CallKey TreeManager::keyOf(const FunctionRecord& fn,
 
 CallResult TreeManager::call(FunctionRecord& fn, const std::vector<at::Tensor>& inputs,
                              const RunFn& run) {
-  CallDepthGuard depth;
+  CallDepthGuard depth(static_cast<int>(device().type()));
   BackendCall backend_call(*backend_);  // Note [Streams of the pool] in cuda/PoolStreams.cpp
   CallResult result = callImpl(fn, inputs, run);
   backend_call.end();

@@ -443,6 +443,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "for `why`); False if none is.");
   m.def("_in_tree_call", &inTreeCall,
         "Whether this thread is inside a graphed call (a warmup, recording or replay).");
+  m.def(
+      "_tree_call_device",
+      [] {
+        // Only a warmup, a capture (an observer watches both) or a CPU Python replay: an eager
+        // run inside a call runs torch's own kernels.
+        const int t = treeCallDeviceType();
+        if (t < 0 || (CaptureObserver::current() == nullptr && !recordingGraph()))
+          return std::string();
+        return c10::DeviceTypeName(static_cast<c10::DeviceType>(t), /*lower_case=*/true);
+      },
+      "The device type ('cpu', 'cuda') of the tree whose warmup, recording or CPU Python replay "
+      "runs on this thread, or '' (none, or an eager run inside a call).");
   m.def("_cpu_pool_totals", &cpuPoolTotals,
         "[pools alive, allocated blocks, reserved bytes] over every CPU pool, released ones too.");
   m.attr("backends") = compiledBackends();

@@ -32,10 +32,22 @@
 #
 # On CUDA the recording has no control steps yet: a cond or while_loop there refuses the warmup
 # with a reason that names it (the function runs eagerly, logged once), instead of reading the
-# predicate during a capture. Issue 48 plans conditional nodes and, where none can serve, the
-# tree-branch form (docs/semantics.md, "Data-dependent control flow").
+# predicate during a capture -- decided by the backend of the call in flight
+# (``_tree_call_device``), never by its tensors' devices. Issue 48 plans conditional nodes and,
+# where none can serve, the tree-branch form (docs/semantics.md, "Data-dependent control flow").
+#
+# Running every arm is right only where no arm can be seen to differ from eager; otherwise the
+# recording is refused and the call returns what the taken arm returned (review of issue 48):
+# an in-place op in an arm's graph (torch's kernel runs instead; a write no graph shows is caught
+# by the version counters: refused when the taken arm made it, an error when the untaken one
+# did), results that differ between the arms in structure, shape, dtype or strides, are not
+# tensors or are expanded, and an untaken arm that raises. Results sharing memory with an operand
+# or with one another get homes of their own (ProgramRecorder::endCond checks both). Inside an
+# untaken arm a while_loop runs its cond and body once at most: its values are dropped anyway.
 
 import logging
+import operator
+import threading
 from typing import Any
 
 import torch
@@ -58,21 +70,92 @@ def _ext():
     return get_ext()
 
 
-def _device_of(pred: Any, tensors: Any) -> torch.device | None:
-    for t in pytree.tree_leaves(tensors):
-        if isinstance(t, torch.Tensor):
-            return t.device
-    return pred.device if isinstance(pred, torch.Tensor) else None
-
-
-def _refuse_on(kind: str, device: torch.device) -> None:
-    why = (
-        f"it calls {kind} on {device}, whose predicate would be read on the host during the "
-        f"capture; graphtrees records {kind} as a program's control step on the CPU backend "
-        "only: CUDA conditional nodes (and the tree-branch form) come later (issue 48)"
-    )
+def _refuse(why: str) -> None:
     _ext()._refuse_recording(why)
-    _log_once(f"graphtrees: {kind} on {device} runs eagerly: {why}")
+    _log_once(f"graphtrees: a graphed function runs eagerly: {why}")
+
+
+def _backend_refusal(kind: str, backend: str, pred: Any, tensors: Any) -> str | None:
+    # By the recording's backend, never by the tensors' devices (review of issue 48, W4): a CPU
+    # counter inside a CUDA recording must not take the CPU path, whose loop would be baked.
+    if backend != "cpu":
+        return (
+            f"it calls {kind} in a {backend} recording, whose predicate would be "
+            f"read on the host during the capture; graphtrees records {kind} as a program's "
+            "control step on the CPU backend only: CUDA conditional nodes (and the tree-branch "
+            "form) come later (issue 48)"
+        )
+    leaves = [pred, *pytree.tree_leaves(tensors)]
+    if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in leaves):
+        return f"its {kind} takes tensors that are not on the CPU in a CPU recording"
+    return None
+
+
+_INPLACE_FUNCTIONS = frozenset(
+    getattr(operator, n)
+    for n in (
+        "iadd isub imul itruediv ifloordiv imod ipow iand ior ixor ilshift irshift imatmul "
+        "setitem delitem"
+    ).split()
+)
+
+
+def _mutation_in(fn: Any) -> str | None:
+    """An op of a branch's graph that may write a tensor in place (conservatively: any in-place
+    op, of an intermediate too), or None. Only graphs can be read; a plain callable's writes are
+    caught after the fact by the version counters."""
+    if not isinstance(fn, torch.fx.GraphModule):
+        return None
+    for gm in fn.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        for n in gm.graph.nodes:
+            if n.op == "call_method":
+                name = n.target
+                if (name.endswith("_") and not name.startswith("_")) or name == "__setitem__":
+                    if name != "requires_grad_":
+                        return f"Tensor.{name}"
+            elif n.op == "call_function":
+                t = n.target
+                name = getattr(t, "__name__", str(t))
+                if t in _INPLACE_FUNCTIONS:
+                    return f"operator.{name}"
+                if isinstance(t, torch._ops.OpOverload) and t._schema.is_mutable:
+                    return str(t)
+                if isinstance(t, torch._ops.OpOverloadPacket):
+                    if any(t.op(o)._schema.is_mutable for o in t.overloads()):
+                        return str(t)
+                if name.endswith("_") and not name.startswith("_"):
+                    return name
+                if n.kwargs.get("out") is not None or n.kwargs.get("inplace") is True:
+                    return name
+    return None
+
+
+def _mutation_refusal(kind: str, fns: Any) -> str | None:
+    for fn in fns:
+        op = _mutation_in(fn)
+        if op is not None:
+            return (
+                f"its {kind} writes a tensor in place ({op}) in a branch or loop body: both arms "
+                "run while a function is recorded, so an arm a call does not take would write it"
+            )
+    return None
+
+
+def _watched(operands: Any, fns: Any) -> list:
+    """The tensors an arm could write: the operands (dynamo lifts the tensors a branch closes
+    over into them) and the branches' own buffers and parameters."""
+    out = [t for t in pytree.tree_leaves(operands) if isinstance(t, torch.Tensor)]
+    for fn in fns:
+        if isinstance(fn, torch.nn.Module):
+            out.extend(fn.buffers())
+            out.extend(fn.parameters())
+    return out
+
+
+def _versions(tensors: list) -> list:
+    return [t._version for t in tensors]
 
 
 class _Paused:
@@ -85,9 +168,13 @@ class _Paused:
         _ext()._control_flow_event("resume")
 
 
+_untaken = threading.local()
+
+
 class _RngKept:
     """The default generator of ``on``'s device is put back on exit when ``keep`` (an untaken
-    arm's draws do not count)."""
+    arm's draws do not count); inside an untaken arm, a while_loop runs its cond and body once
+    at most (review of issue 48, C2: its values are dropped, and it might never end)."""
 
     def __init__(self, on: torch.Tensor, keep: bool):
         self._on, self._keep = on, keep
@@ -95,87 +182,169 @@ class _RngKept:
     def __enter__(self):
         if self._keep:
             _ext()._control_flow_event("hold_rng", [self._on])
+            _untaken.depth = getattr(_untaken, "depth", 0) + 1
 
     def __exit__(self, *exc):
         if self._keep:
+            _untaken.depth -= 1
             _ext()._control_flow_event("restore_rng")
 
 
-def _tensors(out: Any, kind: str) -> tuple[list, Any]:
-    leaves, spec = pytree.tree_flatten(out)
-    if not all(isinstance(t, torch.Tensor) for t in leaves):
-        raise RuntimeError(
-            f"graphtrees: {kind} returns values that are not tensors inside a graphed call; "
-            "return tensors"
-        )
-    return leaves, spec
+def _in_untaken_arm() -> bool:
+    return getattr(_untaken, "depth", 0) > 0
 
 
-def _aliases(t: torch.Tensor, operands: Any) -> bool:
+def _aliases(t: torch.Tensor, others: Any) -> bool:
     # The StorageImpl, not data_ptr(): an address read would keep the Python replay.
     storage = t.untyped_storage()._cdata
     return any(
         isinstance(o, torch.Tensor) and o.untyped_storage()._cdata == storage
-        for o in pytree.tree_leaves(operands)
+        for o in pytree.tree_leaves(others)
     )
+
+
+def _layout(t: torch.Tensor) -> list:
+    return [st for n, st in zip(t.shape, t.stride()) if n > 1]  # a size-1 dim's stride: no matter
+
+
+def _results_refusal(outs_t: Any, outs_f: Any) -> str | None:
+    """Why one set of buffers cannot hold both branches' results (W2, C3), or None."""
+    leaves_t, spec_t = pytree.tree_flatten(outs_t)
+    leaves_f, spec_f = pytree.tree_flatten(outs_f)
+    for leaves in (leaves_t, leaves_f):
+        if not all(isinstance(t, torch.Tensor) for t in leaves):
+            return (
+                "its torch.cond returns values that are not tensors, which a recording cannot hold"
+            )
+        if any(st == 0 and n > 1 for t in leaves for n, st in zip(t.shape, t.stride())):
+            return (
+                "its torch.cond returns an expanded tensor (a stride of 0), whose elements "
+                "share memory: the other branch's results cannot be copied into it"
+            )
+    if spec_t != spec_f or any(
+        a.shape != b.shape or a.dtype != b.dtype or _layout(a) != _layout(b)
+        for a, b in zip(leaves_t, leaves_f)
+    ):
+        return (
+            "the branches of its torch.cond return tensors of different structures, shapes, "
+            "dtypes or strides, which one set of results cannot hold"
+        )
+    return None
 
 
 def _cond_dense(pred, true_fn, false_fn, operands):
     C = _ext()
-    if not isinstance(pred, torch.Tensor) or not C._in_tree_call():
+    backend = C._tree_call_device() if C._in_tree_call() else ""
+    if not isinstance(pred, torch.Tensor) or not backend:
         return _original["cond"](pred, true_fn, false_fn, operands)
-    device = _device_of(pred, operands)
-    if device is None or device.type != "cpu" or pred.device.type != "cpu":
-        _refuse_on("torch.cond", device or pred.device)
+    why = _backend_refusal("torch.cond", backend, pred, operands) or _mutation_refusal(
+        "torch.cond", (true_fn, false_fn)
+    )
+    if why is not None:
+        _refuse(why)
         return _original["cond"](pred, true_fn, false_fn, operands)
+    watched = _watched(operands, (true_fn, false_fn))
+    before = _versions(watched)
     recorded = C._control_flow_event("begin_cond", [pred])
     taken = C._control_flow_predicate(pred)
-    with _RngKept(pred, keep=not taken):
-        outs_t, spec = _tensors(true_fn(*operands), "torch.cond's true branch")
-    # Results that alias an operand get a buffer of their own, which the false branch can fill.
-    homes = [t.clone() if _aliases(t, operands) else t for t in outs_t]
-    del outs_t
-    C._control_flow_event("next_arm")
-    with _RngKept(pred, keep=taken):
-        outs_f, _ = _tensors(false_fn(*operands), "torch.cond's false branch")
-    C._control_flow_event("end_cond", homes, outs_f)
+    results, failed = [None, None], [None, None]
+    homes = None
+    wrote = [False, False]
+    for arm, fn in enumerate((true_fn, false_fn)):
+        if arm == 1:
+            C._control_flow_event("next_arm")
+            wrote[0] = before != _versions(watched)
+            before = _versions(watched)
+        untaken = taken != (arm == 0)
+        try:
+            with _RngKept(pred, keep=untaken):
+                results[arm] = fn(*operands)
+        except Exception as e:
+            if not untaken:
+                raise
+            # The untaken branch on values no call gives it (C2). Its message only: the
+            # traceback holds the recording's tensors.
+            failed[arm] = f"{type(e).__name__} ({(str(e).splitlines() or [''])[0][:120]})"
+            continue
+        if arm == 0 and _results_refusal(results[0], results[0]) is None:
+            # The results get buffers of their own where they alias an operand or each other
+            # (W1): the false branch's results are copied into them.
+            leaves, spec = pytree.tree_flatten(results[0])
+            homes = []
+            for k, t in enumerate(leaves):
+                homes.append(t.clone() if _aliases(t, (operands, leaves[:k])) else t)
+    wrote[1] = before != _versions(watched)
+    if wrote[int(taken)]:  # arm 0 is the true branch: the untaken one is arm int(taken)
+        raise RuntimeError(
+            "graphtrees: the branch of a torch.cond that this call does not take wrote a tensor "
+            "it did not make (an operand, a buffer, a tensor it closes over) while the function "
+            "was graphed, which graphtrees did not see coming; write it outside the torch.cond"
+        )
+    why = None
+    if wrote[0] or wrote[1]:
+        why = (
+            "a branch of its torch.cond wrote a tensor it did not make (an operand, a buffer, "
+            "a tensor it closes over)"
+        )
+    elif failed[0] is not None or failed[1] is not None:
+        why = (
+            f"the branch of its torch.cond that this call does not take raised "
+            f"{failed[0] or failed[1]} on this call's values: a recording runs both branches"
+        )
+    else:
+        why = _results_refusal(results[0], results[1])
+    taken_out = results[0] if taken else results[1]
+    if why is not None:
+        C._control_flow_event("end_cond", [], [])
+        if not C._refuse_recording(why):
+            raise RuntimeError(
+                f"graphtrees: {why}, in a replay of a recording that did not see it; "
+                "call graphtrees.reset() and run the function eagerly"
+            )
+        _log_once(f"graphtrees: a graphed function runs eagerly: {why}")
+        return taken_out
+    leaves_f, _ = pytree.tree_flatten(results[1])
+    _, spec = pytree.tree_flatten(results[0])
+    C._control_flow_event("end_cond", homes, leaves_f)
     if recorded:
         _log_once(
             "graphtrees: torch.cond recorded as a program branch (form 'program-branch'): both "
-            "branches recorded, the predicate read by each replay, no Python in the replay"
+            "branches recorded; the program replays with no Python once its proof passes"
         )
     if not taken:
-        if len(homes) != len(outs_f) or any(
-            h.shape != f.shape or h.dtype != f.dtype for h, f in zip(homes, outs_f)
-        ):
-            C._refuse_recording(
-                "the branches of its torch.cond return tensors of different shapes or dtypes, "
-                "which one set of results cannot hold"
-            )
-            return pytree.tree_unflatten(outs_f, spec)
         with _Paused():
-            for h, f in zip(homes, outs_f):
+            for h, f in zip(homes, leaves_f):
                 h.copy_(f)
     return pytree.tree_unflatten(homes, spec)
 
 
 def _while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest, **kwargs):
     C = _ext()
-    plain = not rest and not any(kwargs.values())  # no stack_output, no mutated arguments
-    tensors = all(isinstance(t, torch.Tensor) for t in carried_inputs)
-    if not C._in_tree_call() or not plain or not tensors:
-        if C._in_tree_call():
-            C._refuse_recording(
-                "its torch.while_loop carries values that are not tensors, or stacks its "
-                "outputs, which a recording cannot hold"
-            )
+    backend = C._tree_call_device() if C._in_tree_call() else ""
+    if not backend:  # outside a warmup, a recording or a Python replay
         return _original["while_loop"](
             cond_fn, body_fn, carried_inputs, additional_inputs, *rest, **kwargs
         )
-    device = _device_of(None, (carried_inputs, additional_inputs))
-    if device is None or device.type != "cpu":
-        _refuse_on("torch.while_loop", device)
-        return _original["while_loop"](cond_fn, body_fn, carried_inputs, additional_inputs)
+    plain = not rest and not any(kwargs.values())  # no stack_output, no mutated arguments
+    tensors = all(isinstance(t, torch.Tensor) for t in carried_inputs)
+    why = None
+    if not plain or not tensors:
+        why = (
+            "its torch.while_loop carries values that are not tensors, stacks its outputs or "
+            "writes its arguments in place, which a recording cannot hold"
+        )
+    why = (
+        why
+        or _backend_refusal("torch.while_loop", backend, None, (carried_inputs, additional_inputs))
+        or _mutation_refusal("torch.while_loop", (cond_fn, body_fn))
+    )
+    if why is not None:
+        _refuse(why)
+        return _original["while_loop"](
+            cond_fn, body_fn, carried_inputs, additional_inputs, *rest, **kwargs
+        )
+    watched = _watched((carried_inputs, additional_inputs), (cond_fn, body_fn))
+    before = _versions(watched)
     carried = tuple(t.clone() for t in carried_inputs)  # the loop's own buffers
     recorded = C._control_flow_event("begin_while_loop", list(carried))
     pred = cond_fn(*carried, *additional_inputs)
@@ -186,6 +355,14 @@ def _while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest
     with _RngKept(pred, keep=not go_on):
         outs = list(body_fn(*carried, *additional_inputs))
     C._control_flow_event("end_while_loop", [pred], outs)
+    if before != _versions(watched):
+        why = (
+            "its torch.while_loop wrote a tensor it did not make (an operand, a buffer, a "
+            "tensor it closes over)"
+        )
+        if not C._refuse_recording(why) or not go_on:
+            raise RuntimeError(f"graphtrees: {why}; run the function eagerly")
+        _log_once(f"graphtrees: a graphed function runs eagerly: {why}")
     if recorded:
         _log_once(
             "graphtrees: torch.while_loop recorded as a program loop (form 'program-loop'): "
@@ -194,8 +371,8 @@ def _while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest
     if len(outs) != len(carried):
         raise RuntimeError("body_fn should return the same number of elements as carried_inputs")
     del pred
-    if not go_on:
-        return carried
+    if not go_on or _in_untaken_arm():
+        return carried  # in an untaken arm: dropped, whatever the trip count
     with _Paused():
         while True:
             for c, o in zip(carried, outs):

@@ -355,6 +355,12 @@ def _holds_control_flow(gm: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" and n.target in ops for n in gm.graph.nodes)
 
 
+def _on_cpu_backend(inputs: Sequence[Any]) -> bool:
+    """Whether a graph runs on graphtrees' CPU backend, the one that records torch.cond: on CUDA
+    its cond refuses the recording anyway, and Inductor's fusion stays (review of issue 48, M2)."""
+    return not any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in inputs)
+
+
 def _log_control_flow_graph(name: str) -> None:
     if name not in _logged_modes:
         _logged_modes.add(name)
@@ -478,7 +484,7 @@ def make_backend(**options) -> Callable:
                         meta.bw_donated_idxs = donated
 
             name = f"{graph}.{mode_name(mode)}"
-            if _holds_control_flow(aot_gm):
+            if _holds_control_flow(aot_gm) and _on_cpu_backend(aot_inputs):
                 # Inductor reads a cond's predicate on the host (.item() in its wrapper code):
                 # the graph runs as traced, so that the cond reaches graphtrees' kernel (Note
                 # [Control flow in a recording] in _control_flow.py), with the program replay.

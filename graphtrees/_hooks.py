@@ -161,6 +161,17 @@ class GeneratorSetDuringRecording(RuntimeError):
     pass
 
 
+def _called_by_dynamo(frame) -> bool:
+    """Whether dynamo's compile is on the stack: it puts back the generators' states it saved
+    around a compile (torch.cond's wrapper compiled in a recording), which is not the user's
+    doing (review of issue 48, M1)."""
+    while frame is not None:
+        if "/torch/_dynamo/" in frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _recording_profile(previous):
     generator_type = torch._C.Generator
     memory_types = (torch._C.TensorBase, torch.UntypedStorage)
@@ -180,6 +191,16 @@ def _recording_profile(previous):
         elif name in _ADDRESSES and isinstance(owner, memory_types):
             _C._note_undispatched_access(f"{type(owner).__name__}.{name}()")
         elif name in _GENERATOR_SETTERS and isinstance(owner, generator_type):
+            if _called_by_dynamo(frame):
+                # Dynamo compiled during the capture (torch.cond's wrapper, first reached here):
+                # its work is in the recording, and it puts the generators back (M1).
+                _C._refuse_recording(
+                    "dynamo compiled code while it was recorded (torch.cond and torch.while_loop "
+                    "compile a wrapper the first time they run, here first inside the recording, "
+                    "not in its warmup), and a replay would not repeat that work; not the "
+                    "function's doing"
+                )
+                return previous(frame, event, arg) if previous is not None else None
             raise GeneratorSetDuringRecording(
                 f"it calls torch.Generator.{arg.__name__}() on the {arg.__self__.device} "
                 "generator while it is recorded: a replay would not repeat it and would go on "
@@ -191,6 +212,23 @@ def _recording_profile(previous):
         return None
 
     return profile
+
+
+_profile_skipped = False
+
+
+def _skip_profile_in_dynamo() -> None:
+    # torch.cond run eagerly compiles a wrapper with dynamo; a profile function called from the
+    # frames dynamo runs would be compiled too, and the recording would see dynamo's ops and
+    # generator calls as the function's (issue 48 review, C1): dynamo skips it.
+    global _profile_skipped
+    if not _profile_skipped:
+        from torch._dynamo.eval_frame import skip_code
+
+        skip_code(_recording_profile(None).__code__)
+        skip_code(_note_host_read.__code__)
+        skip_code(_called_by_dynamo.__code__)
+        _profile_skipped = True
 
 
 def _capture_scope():
@@ -231,6 +269,7 @@ def _capture_scope():
     previous_profile = sys.getprofile()
     watching = previous_profile is None or callable(previous_profile)
     if watching:
+        _skip_profile_in_dynamo()
         sys.setprofile(_recording_profile(previous_profile))
 
     def leave():

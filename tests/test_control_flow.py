@@ -177,20 +177,177 @@ def test_branches_returning_views(device):
     _, replays = _run_against_eager(device, f, calls)
     _assert_program_replays(device, replays, ["cond"])
 
-    def g(x):  # views of an input: torch refuses them eagerly, and so inside a graphed call
-        return torch.cond(x.sum() > 0, lambda t: t[:4], lambda t: t[4:], (x,))
+    # Views of an operand: torch.cond's dynamo wrapper refuses them, but the cond op called
+    # directly reaches graphtrees' kernel with them, which gives the results buffers of their own.
+    def g(x):
+        return torch.ops.higher_order.cond(x.sum() > 0, lambda t: t[:4], lambda t: t[4:], (x,))
 
-    def raised(fn, x):
-        try:
-            fn(x)
-        except RuntimeError as e:  # its traceback holds the warmup's tensors: not kept
-            return type(e)
-        return None
-
-    x = torch.randn(8, device=device)
-    eager = raised(g, x)
-    assert eager is not None and raised(cudagraphify(g), x) is eager
+    calls = [(torch.randn(8, device=device) + s,) for s in (3, -3, 3, -3, -3, 3)]
+    _run_against_eager(device, g, calls)
     gc.collect()
+
+
+def _against_eager(f, calls, **options):
+    """f graphed and eagerly on copies of each call's arguments, a step each: results (and the
+    arguments after the call) equal. Returns the graphed function."""
+    g = cudagraphify(f, **options)
+    for args in calls:
+        mark_step_begin()
+        copies = [a.clone() for a in args]
+        out = g(*args)
+        out = [o.clone() for o in (out if isinstance(out, (tuple, list)) else (out,))]
+        expected = f(*copies)
+        expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+        assert len(out) == len(expected)
+        for a, b in zip(out, expected):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            assert torch.equal(a, b), (a, b)
+        for a, b in zip(args, copies):
+            assert torch.equal(a, b)
+    return g
+
+
+def _signs(n):
+    return [1, 1, -1, 1, -1, -1, 1, -1][:n]
+
+
+def test_true_branch_returning_one_tensor_twice_or_overlapping_views(device):
+    # Review of issue 48, W1: results sharing memory get buffers of their own (overlapping views
+    # at different offsets: torch refuses them eagerly).
+    def twice(x):
+        def t(u):
+            y = u * 2
+            return y, y
+
+        return torch.cond(x.sum() > 0, t, lambda u: (u - 1, u + 5), (x,))
+
+    def with_view(x):
+        def t(u):
+            y = u * 2
+            return y, y.view(2, 4)
+
+        return torch.cond(x.sum() > 0, t, lambda u: (u - 1, (u + 5).view(2, 4)), (x,))
+
+    b = torch.rand(8, device=device) + 0.1
+    for f in (twice, with_view):
+        _against_eager(f, [(b * s * (k + 1),) for k, s in enumerate(_signs(8))])
+    _against_eager(twice, [(b * s,) for s in _signs(6)], cpu_replay="python")
+
+
+def test_branches_of_different_shapes_dtypes_or_strides_refuse(device):
+    # W2, C3: whatever the predicate at the recording, one set of buffers cannot hold both.
+    # (torch.cond's dynamo wrapper refuses some of these eagerly; the op itself reaches the kernel.)
+    cond = torch.ops.higher_order.cond
+    cases = [
+        lambda x: cond(x.sum() > 0, lambda u: u * 2, lambda u: u.sum().reshape(1), (x,)),
+        lambda x: cond(x.sum() > 0, lambda u: u[:2] * 1, lambda u: u * 3, (x,)),
+        lambda x: cond(x.sum() > 0, lambda u: u * 2, lambda u: (u + 1).double(), (x,)),
+        lambda x: cond(
+            x.sum() > 0,
+            lambda u: (u * 2).view(2, 2).t().contiguous().t(),
+            lambda u: (u + 1).view(2, 2),
+            (x,),
+        ),
+        lambda x: cond(
+            x.sum() > 0, lambda u: u.sum().expand(4), lambda u: u.mean().expand(4), (x,)
+        ),
+    ]
+    for f in cases:
+        g = _against_eager(f, [(torch.arange(1.0, 5.0, device=device) * s,) for s in _signs(6)])
+        assert _eager_reason(g), "the recording was not refused"
+        assert info(device)["num_replays"] == 0
+
+
+def test_cond_returning_a_python_number_refuses():
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda u: (u * 2, 1), lambda u: (u + 1, 2), (x,))
+
+    g = cudagraphify(f)
+    for s in _signs(4):
+        mark_step_begin()
+        x = torch.ones(4) * s
+        out, expected = g(x), f(x)
+        assert torch.equal(out[0], expected[0]) and out[1] == expected[1]
+    assert _eager_reason(g)
+
+
+def test_writes_in_place_in_a_branch_or_loop_body_refuse(device):
+    # W3: an arm that writes an input, a buffer or a closed-over tensor runs with torch's kernel.
+    buf = torch.ones(4, device=device)
+    ref = torch.ones(4, device=device)
+
+    def closure(x, target):
+        def e(u):
+            target.mul_(2)
+            return u - 1
+
+        return torch.cond(x.sum() > 0, lambda u: u * 2, e, (x,))
+
+    g = cudagraphify(lambda x: closure(x, buf))
+    for s in _signs(8):
+        mark_step_begin()
+        x = torch.ones(4, device=device) * s
+        assert torch.equal(g(x), closure(x, ref)) and torch.equal(buf, ref)
+    assert any(("in place" if device == "cpu" else "torch.cond") in r for r in _eager_reason(g))
+
+    def writes_input(x, p):
+        def t(u, q):
+            u.add_(10)
+            return q * 2
+
+        return torch.cond(p.sum() > 0, t, lambda u, q: q - 1, (x, p))
+
+    g = cudagraphify(writes_input)
+    for s in _signs(6):
+        p = torch.ones(3, device=device) * s
+        x_g, x_e = torch.zeros(3, device=device), torch.zeros(3, device=device)
+        mark_step_begin()
+        assert torch.equal(g(x_g, p), writes_input(x_e, p)) and torch.equal(x_g, x_e)
+
+    def loop(x, steps):
+        def body(y):
+            steps.add_(1)
+            return (y * 2,)
+
+        return torch.while_loop(lambda y: y.sum() < 50, body, (x,))[0]
+
+    steps_g, steps_e = torch.zeros((), device=device), torch.zeros((), device=device)
+    g = cudagraphify(lambda x: loop(x, steps_g))
+    for v in (1.0, 100.0, 3.0, 60.0, 100.0):
+        mark_step_begin()
+        x = torch.full((2,), v, device=device)
+        assert torch.equal(g(x), loop(x, steps_e)) and torch.equal(steps_g, steps_e)
+    assert _eager_reason(g)  # torch passes the loop's written tensors on: refused as such
+
+
+def test_untaken_branch_that_raises_or_never_ends():
+    # C2: the untaken branch runs on values no eager call gives it.
+    table = torch.arange(10.0)
+
+    def fa(i):
+        return torch.cond(
+            i < 10,
+            lambda j: torch.index_select(table, 0, j.reshape(1)) * 2,
+            lambda j: torch.zeros(1),
+            (i,),
+        )
+
+    g = cudagraphify(fa)
+    for i in (3, 12, 5, 12):
+        mark_step_begin()
+        assert torch.equal(g(torch.tensor(i)), fa(torch.tensor(i)))
+
+    def fb(x):  # iterates only when |x| < 1: for 3.0 the loop would never end
+        def t(u):
+            return torch.while_loop(lambda y: y.abs().max() > 1e-6, lambda y: (y * y,), (u,))[0]
+
+        return torch.cond(x.abs().max() < 1, t, lambda u: u.clone(), (x,))
+
+    g = cudagraphify(fb)
+    for v in (3.0, 0.5, 3.0, 3.0, 0.5):
+        mark_step_begin()
+        x = torch.full((2,), v)
+        assert torch.equal(g(x), fb(x))
 
 
 def test_random_draws_in_a_branch_match_eager():
@@ -257,3 +414,77 @@ def test_cond_in_a_training_step_with_backward_under_torch_compile():
     t = info("cpu")
     assert t["num_replays"] > 0
     assert any(n["conditionals"] for n in t["nodes"])
+
+
+def test_while_loop_with_a_cpu_counter_in_the_devices_recording(device):
+    # W4: the recording's backend decides, not the first tensor's device: on CUDA a loop whose
+    # counter is a CPU tensor must not have its trip count baked into the graph.
+    limit = torch.tensor(2)
+
+    def f(x):
+        return torch.while_loop(
+            lambda i, y: i < limit,
+            lambda i, y: (i + 1, y * 2 + 1),
+            (torch.zeros((), dtype=torch.long), x),
+        )[1]
+
+    g = cudagraphify(f)
+    x = torch.zeros(4, device=device)
+    for n in (2, 2, 2, 0, 5, 1, 3):
+        limit.fill_(n)
+        mark_step_begin()
+        assert torch.equal(g(x).cpu(), f(x).cpu())
+    if device != "cpu":
+        assert any("torch.while_loop" in r for r in _eager_reason(g))
+        assert info(device)["num_replays"] == 0
+
+
+def test_first_cond_of_a_process_replayed_in_python(tmp_path):
+    # C1: dynamo must not compile graphtrees' profile hook while torch.cond compiles its wrapper
+    # inside a recording (the Python replay then diverged). A fresh process: the first cond.
+    import subprocess
+
+    script = tmp_path / "first_cond.py"
+    script.write_text(
+        "import torch, graphtrees\n"
+        "torch.set_grad_enabled(False)\n"
+        "f = lambda x: torch.cond(x.sum() > 0, lambda u: u * 2, lambda u: u + 1, (x,))\n"
+        "g = graphtrees.cudagraphify(f, cpu_replay='python')\n"
+        "b = torch.rand(2, 4) + .1\n"
+        "for k in range(6):\n"
+        "    graphtrees.mark_step_begin()\n"
+        "    x = b if k % 2 else -b\n"
+        "    assert torch.equal(g(x), f(x)), k\n"
+        "assert graphtrees.tree_info('cpu')['num_replays'] > 0\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_cond_first_reached_inside_the_recording_refuses_without_blaming_the_user():
+    # M1: torch.cond's wrapper compiled by dynamo during the capture (not in the warmup).
+    calls = [0]
+
+    def f(x):
+        calls[0] += 1
+        if calls[0] % 2 == 0:  # the warmup takes the other path; the capture reaches the cond
+            return torch.cond(x.sum() > 0, lambda u: u * 2, lambda u: u - 100, (x,))
+        return torch.where(x.sum() > 0, x * 2, x - 100)
+
+    g = cudagraphify(f)
+    for s in (1, -1, 1, -1, 1, -1):
+        x = torch.ones(3) * s
+        mark_step_begin()
+        assert torch.equal(g(x), torch.where(x.sum() > 0, x * 2, x - 100))
+    assert not any("Generator" in r for r in _eager_reason(g))
+
+
+def test_graphs_holding_a_cond_keep_inductor_off_the_cpu_backend():
+    # M2: only the CPU backend records a cond; on CUDA it refuses anyway, and Inductor stays.
+    from graphtrees._dynamo_backend import _on_cpu_backend
+
+    assert _on_cpu_backend([torch.ones(2), 3])
+    assert not _on_cpu_backend([torch.ones(2), torch.ones(2, device="meta")])

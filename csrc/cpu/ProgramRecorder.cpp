@@ -473,6 +473,24 @@ void ProgramRecorder::endCond(const std::vector<at::Tensor>& outs0,
     if (madeInArm(s, 1)) c.drop[1].push_back(s);
   }
   if (c.outs[0].size() != c.outs[1].size()) fail("the branches of torch.cond return differently");
+  // The Python layer refuses these (review of issue 48, W1 and W2); a program must never copy a
+  // result into a buffer another result shares, nor one of another shape, dtype or layout.
+  for (size_t i = 0; i < outs0.size() && failure_.empty(); ++i) {
+    const c10::StorageImpl* storage = outs0[i].storage().unsafeGetStorageImpl();
+    for (size_t j = 0; j < i; ++j) {
+      if (outs0[j].storage().unsafeGetStorageImpl() == storage) {
+        fail("results " + std::to_string(j) + " and " + std::to_string(i) +
+             " of torch.cond's true branch share memory: the false branch's cannot be copied "
+             "into both");
+      }
+    }
+    if (i < outs1.size() &&
+        (outs1[i].sizes() != outs0[i].sizes() || outs1[i].strides() != outs0[i].strides() ||
+         outs1[i].scalar_type() != outs0[i].scalar_type())) {
+      fail("result " + std::to_string(i) +
+           " of torch.cond's branches differ in shape, strides or dtype");
+    }
+  }
   endControl();
 }
 
