@@ -27,6 +27,7 @@ graphtrees/_policy.py).
 """
 
 import logging
+import sys
 import threading
 
 import torch
@@ -177,6 +178,8 @@ def _recording_profile(previous):
     memory_types = (torch._C.TensorBase, torch.UntypedStorage)
 
     def profile(frame, event, arg):
+        if not _profile_skipped and "torch._dynamo" in sys.modules:
+            _skip_profile_in_dynamo()  # dynamo arrived during the capture (torch.cond's wrapper)
         if event != "c_call":
             return previous(frame, event, arg) if previous is not None else None
         name = getattr(arg, "__name__", None)
@@ -220,7 +223,9 @@ _profile_skipped = False
 def _skip_profile_in_dynamo() -> None:
     # torch.cond run eagerly compiles a wrapper with dynamo; a profile function called from the
     # frames dynamo runs would be compiled too, and the recording would see dynamo's ops and
-    # generator calls as the function's (issue 48 review, C1): dynamo skips it.
+    # generator calls as the function's (issue 48 review, C1): dynamo skips it. Only once dynamo
+    # is imported (a program that never compiles does not import it for this): the profile
+    # function does it itself when dynamo arrives during a capture, before dynamo runs a frame.
     global _profile_skipped
     if not _profile_skipped:
         from torch._dynamo.eval_frame import skip_code
@@ -269,7 +274,8 @@ def _capture_scope():
     previous_profile = sys.getprofile()
     watching = previous_profile is None or callable(previous_profile)
     if watching:
-        _skip_profile_in_dynamo()
+        if "torch._dynamo" in sys.modules:
+            _skip_profile_in_dynamo()
         sys.setprofile(_recording_profile(previous_profile))
 
     def leave():
