@@ -120,11 +120,6 @@ standin_tests() {
   return $rc
 }
 
-# sanitizer_stage PYTHON LABEL: Issue 37's sanitizer stage. A copy of the sources (its own build
-# folder, kept between runs) built in place with -fsanitize=address,undefined, then the tree's
-# tests under it: the CUDA ones on the stand-in (the seed story, the CUDA backend, the tree's
-# behaviour, hardening, memory) and the same files' CPU cases, with AddressSanitizer's runtime
-# preloaded first. Any report (written to files, also from the tests' subprocesses) fails it.
 # What the two sanitizer stages share. instrumented_build SRC PYTHON LABEL FLAGS SYMBOL WHAT
 # [JOBS]: a copy of the sources in SRC (only changed files written, its build folder kept), built
 # in place with FLAGS against PYTHON's torch, and checked for SYMBOL (an instrumented build).
@@ -166,6 +161,11 @@ add_standin_env() {
   done
 }
 
+# sanitizer_stage PYTHON LABEL: Issue 37's sanitizer stage. A copy of the sources (its own build
+# folder, kept between runs) built in place with -fsanitize=address,undefined, then the tree's
+# tests under it: the CUDA ones on the stand-in (the seed story, the CUDA backend, the tree's
+# behaviour, hardening, memory) and the same files' CPU cases, with AddressSanitizer's runtime
+# preloaded first. Any report (written to files, also from the tests' subprocesses) fails it.
 SAN_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 SAN_TESTS=(tests/test_seed_story.py tests/test_cuda.py tests/test_tree_behaviour.py
   tests/test_hardening.py tests/test_memory.py)
