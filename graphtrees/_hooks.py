@@ -164,10 +164,12 @@ class GeneratorSetDuringRecording(RuntimeError):
 
 def _called_by_dynamo(frame) -> bool:
     """Whether dynamo's compile is on the stack: it puts back the generators' states it saved
-    around a compile (torch.cond's wrapper compiled in a recording), which is not the user's
-    doing (review of issue 48, M1)."""
+    around a compile (torch.cond's wrapper compiled in a recording; convert_frame.py's
+    preserve_global_state), which is not the user's doing (review of issue 48, M1). Only the
+    compile counts: dynamo's other frames (a torch._dynamo.disable wrapper around a graphed
+    function, eval_frame.py) sit on the stack of the user's own calls."""
     while frame is not None:
-        if "/torch/_dynamo/" in frame.f_code.co_filename.replace("\\", "/"):
+        if frame.f_code.co_filename.replace("\\", "/").endswith("/torch/_dynamo/convert_frame.py"):
             return True
         frame = frame.f_back
     return False
@@ -178,8 +180,8 @@ def _recording_profile(previous):
     memory_types = (torch._C.TensorBase, torch.UntypedStorage)
 
     def profile(frame, event, arg):
-        if not _profile_skipped and "torch._dynamo" in sys.modules:
-            _skip_profile_in_dynamo()  # dynamo arrived during the capture (torch.cond's wrapper)
+        if not _profile_skipped:
+            _skip_profile_in_dynamo()  # dynamo may arrive during the capture (torch.cond's wrapper)
         if event != "c_call":
             return previous(frame, event, arg) if previous is not None else None
         name = getattr(arg, "__name__", None)
@@ -226,14 +228,17 @@ def _skip_profile_in_dynamo() -> None:
     # generator calls as the function's (issue 48 review, C1): dynamo skips it. Only once dynamo
     # is imported (a program that never compiles does not import it for this): the profile
     # function does it itself when dynamo arrives during a capture, before dynamo runs a frame.
+    # Never an import from here: dynamo may be half-way through its own (a profile event inside
+    # it), so its skip_code is used once its module has defined it.
     global _profile_skipped
-    if not _profile_skipped:
-        from torch._dynamo.eval_frame import skip_code
-
-        skip_code(_recording_profile(None).__code__)
-        skip_code(_note_host_read.__code__)
-        skip_code(_called_by_dynamo.__code__)
-        _profile_skipped = True
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    skip_code = getattr(eval_frame, "skip_code", None)
+    if _profile_skipped or skip_code is None:
+        return
+    skip_code(_recording_profile(None).__code__)
+    skip_code(_note_host_read.__code__)
+    skip_code(_called_by_dynamo.__code__)
+    _profile_skipped = True
 
 
 def _capture_scope():
@@ -274,8 +279,7 @@ def _capture_scope():
     previous_profile = sys.getprofile()
     watching = previous_profile is None or callable(previous_profile)
     if watching:
-        if "torch._dynamo" in sys.modules:
-            _skip_profile_in_dynamo()
+        _skip_profile_in_dynamo()
         sys.setprofile(_recording_profile(previous_profile))
 
     def leave():
