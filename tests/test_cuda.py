@@ -701,14 +701,25 @@ def test_replays_drawing_random_numbers_wait_for_another_threads_capture():
     for _ in range(3):
         drop(x)
     stop = threading.Event()
+    ready = threading.Event()
 
     def replayer():
+        # Its thread's own tree warms up and records the function first (Note [Steps,
+        # generations and threads]): a warmup runs dropout eagerly, whose random numbers raise
+        # while another thread captures (the limitation Note [Random numbers while a graph is
+        # captured] names), so the recorder starts once this thread only replays. Started
+        # together, the two raced (2 runs in 3 once the calls' timing changed).
         try:
             with torch.no_grad():
+                for _ in range(3):
+                    drop(x)
+                ready.set()
                 while not stop.is_set():
                     drop(x)
         except RuntimeError as e:
             errors.append(str(e))
+        finally:
+            ready.set()
 
     def recorder():
         with torch.no_grad():
@@ -723,6 +734,7 @@ def test_replays_drawing_random_numbers_wait_for_another_threads_capture():
     try:
         t = threading.Thread(target=replayer)
         t.start()
+        ready.wait()
         recorder()
         stop.set()
         t.join()
