@@ -154,7 +154,7 @@ def test_a_static_runtime_is_linked_to_the_process_runtime_and_records(gpu_toolc
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     # The numbers are formatted, by the process's runtime: "4.0 MiB written", not "( written)".
     assert "MiB written)" in run.stderr, run.stderr[-2000:]
-    assert "4.0 MiB written" in run.stdout and "#0 <lambda>" in run.stdout, run.stdout
+    assert "pool reserved 4.0 MiB" in run.stdout and "#0 <lambda>" in run.stdout, run.stdout
 
 
 def test_a_private_runtime_is_refused_by_the_build_and_the_import(gpu_toolchain, tmp_path):
