@@ -121,8 +121,10 @@ class Graph {
   // (the function run again); nullptr for a device graph.
   virtual const char* cpuReplay() const { return nullptr; }
   virtual bool replaysProgram() const { return false; }
-  // The kinds of the control steps its replay decides itself, outermost first ("cond",
-  // "while_loop"; Note [Control steps of a program] in cpu/OpProgram.h).
+  // The control steps its replay decides itself, outermost first, as "kind:form": kind "cond" or
+  // "while_loop"; form "program-branch" / "program-loop" (a CPU program's step, Note [Control
+  // steps of a program] in cpu/OpProgram.h) or "conditional-node" (Note [Conditional nodes on
+  // CUDA] in cuda/ConditionalNodes.cpp).
   virtual std::vector<std::string> conditionals() const { return {}; }
   // Runs `eager` (the function, eagerly, on `eager_inputs`: copies of a replay's inputs) and
   // names the first recorded op whose non-tensor argument the eager run passes differently (a

@@ -7,6 +7,7 @@
 #include "cpu/ProgramRecorder.h"
 
 #ifdef GRAPHTREES_WITH_CUDA
+#include "cuda/ConditionalNodes.h"
 #include "cuda/CudaBackend.h"
 #endif
 
@@ -68,7 +69,27 @@ bool controlFlowEvent(const std::string& event, const std::vector<at::Tensor>& f
 }
 
 bool controlFlowPredicate(const at::Tensor& pred) {
+  // A device's predicate is read only in a warmup, which may sync (a capture makes it a
+  // conditional node: Note [Conditional nodes on CUDA] in cuda/ConditionalNodes.cpp).
+  if (pred.defined() && !pred.device().is_cpu()) return cpuControlFlowPredicate(pred.cpu());
   return cpuControlFlowPredicate(pred);
+}
+
+std::string cudaConditionalUnavailable() {
+#ifdef GRAPHTREES_WITH_CUDA
+  return ConditionalNodes::unavailableReason();
+#else
+  return cudaBackendDisabledReason();
+#endif
+}
+
+void cudaConditionalStep(const std::string& what, const at::Tensor& pred) {
+#ifdef GRAPHTREES_WITH_CUDA
+  ConditionalNodes::step(what, pred);
+#else
+  (void)pred;
+  TORCH_CHECK(false, "graphtrees: ", cudaBackendDisabledReason(), " (", what, ")");
+#endif
 }
 
 void noteUndispatchedAccess(const char* what) {

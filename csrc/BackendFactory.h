@@ -43,6 +43,11 @@ void noteUndispatchedAccess(const char* what);
 bool controlFlowEvent(const std::string& event, const std::vector<at::Tensor>& first,
                       const std::vector<at::Tensor>& second);
 bool controlFlowPredicate(const at::Tensor& pred);
+// The CUDA backend's conditional nodes (Note [Conditional nodes on CUDA] in
+// cuda/ConditionalNodes.cpp): why a CUDA recording cannot hold them ("" if it can), and one step
+// of a cond's or a while_loop's capture.
+std::string cudaConditionalUnavailable();
+void cudaConditionalStep(const std::string& what, const at::Tensor& pred);
 
 // For the tests: {pools alive, allocated blocks, reserved bytes} over every CPU pool, released
 // ones that still have blocks in use included.

@@ -133,7 +133,11 @@ std::string toDot(const TreeInfo& t) {
        << "\\npool: " << bytesString(n.pool_bytes);
     if (n.kind != "graph") os << "\\n(" << escape(n.kind) << ")";
     if (n.live_outputs > 0) os << "\\nlive outputs: " << n.live_outputs;
-    for (const auto& c : n.conditionals) os << "\\n" << escape(c) << " (program step)";
+    for (const auto& c : n.conditionals) {  // "kind:form" (Graph::conditionals())
+      const auto colon = c.find(':');
+      os << "\\n" << escape(c.substr(0, colon));
+      if (colon != std::string::npos) os << " (" << escape(c.substr(colon + 1)) << ")";
+    }
     os << "\"";
     if (k.peripheries > 1) os << ", peripheries=" << k.peripheries;
     os << "];\n";

@@ -28,7 +28,8 @@ struct NodeInfo {
   int64_t replays = 0;
   bool on_current_path = false;
   std::string cpu_replay;  // "program" or "python" (Note [CPU graphs]); empty on a device
-  // The control steps its replay decides (Graph::conditionals()): "cond", "while_loop".
+  // The control steps its replay decides (Graph::conditionals()): "kind:form", e.g.
+  // "cond:program-branch", "while_loop:conditional-node".
   std::vector<std::string> conditionals;
   std::string kind = "graph";  // Note [Node kinds]
 };
@@ -38,10 +39,11 @@ struct NodeInfo {
 // function; "piece", one piece of a graph that graphtrees split around what it cannot record
 // (Note [Piecewise graphs]: its function is named "<graph>[k/n]", graphtrees/_piecewise.py's
 // label(), or "<graph>[k/n]#s" for the piece's signature s > 0); "conditional", a recording whose
-// replay decides a branch or a loop (its `conditionals`, Note [Control steps of a program] in
-// cpu/OpProgram.h). A new kind of node adds its name here (nodeKind(), or where the node is
-// described) and its style to kindStyle() in TreeInfo.cpp; an unknown kind is drawn as a plain
-// graph.
+// replay decides a branch or a loop (its `conditionals`: a CPU program's steps, Note [Control
+// steps of a program] in cpu/OpProgram.h, or CUDA conditional nodes, Note [Conditional nodes on
+// CUDA] in cuda/ConditionalNodes.cpp). A new kind of node adds its name here (nodeKind(), or where
+// the node is described) and its style to kindStyle() in TreeInfo.cpp; an unknown kind is drawn as
+// a plain graph.
 std::string nodeKind(const std::string& function);
 
 struct TreeInfo {

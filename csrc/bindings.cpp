@@ -74,11 +74,12 @@ py::dict treeInfo(const py::handle& device_obj) {
     nd["on_current_path"] = n.on_current_path;
     nd["cpu_replay"] = n.cpu_replay.empty() ? py::object(py::none()) : py::str(n.cpu_replay);
     nd["kind"] = n.kind;
-    py::list conditionals;  // Note [Control steps of a program] in cpu/OpProgram.h
-    for (const auto& c : n.conditionals) {
+    py::list conditionals;                  // Note [Control steps of a program] in cpu/OpProgram.h
+    for (const auto& c : n.conditionals) {  // "kind:form" (Graph::conditionals())
       py::dict cd;
-      cd["kind"] = c;
-      cd["form"] = c == "cond" ? "program-branch" : "program-loop";
+      const auto colon = c.find(':');
+      cd["kind"] = c.substr(0, colon);
+      cd["form"] = colon == std::string::npos ? std::string() : c.substr(colon + 1);
       conditionals.append(cd);
     }
     nd["conditionals"] = conditionals;
@@ -438,6 +439,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "recorder on this thread saw the event.");
   m.def("_control_flow_predicate", wrap_pybind_function(&controlFlowPredicate), py::arg("pred"),
         "A one-element CPU tensor read as a condition without dispatching an op.");
+  m.def("_cuda_conditional_unavailable", &cudaConditionalUnavailable,
+        "Why a CUDA recording cannot hold conditional nodes (this torch, this driver), or ''.");
+  m.def("_cuda_conditional_step",
+        wrap_pybind_function([](const std::string& what, const std::optional<at::Tensor>& pred) {
+          cudaConditionalStep(what, pred.value_or(at::Tensor()));
+        }),
+        py::arg("what"), py::arg("pred") = py::none(),
+        "Note [Conditional nodes on CUDA]: 'cond', 'else', 'while_loop', 'set' or 'end' in the "
+        "capture under way on the current stream.");
   m.def("_refuse_recording", wrap_pybind_function(&CaptureObserver::refuseCurrent), py::arg("why"),
         "Refuses the warmup or capture under way on this thread (it runs eagerly from then on, "
         "for `why`); False if none is.");

@@ -30,11 +30,17 @@
 # (``_control_flow_predicate``), which the host-read watch does not see: the read is the control
 # step's own, as a conditional node's kernel reads it on the device.
 #
-# On CUDA the recording has no control steps yet: a cond or while_loop there refuses the warmup
-# with a reason that names it (the function runs eagerly, logged once), instead of reading the
-# predicate during a capture -- decided by the backend of the call in flight
-# (``_tree_call_device``), never by its tensors' devices. Issue 48 plans conditional nodes and,
-# where none can serve, the tree-branch form (docs/semantics.md, "Data-dependent control flow").
+# On CUDA a warmup runs the same sequence (every arm warmed up, its allocations from the pool, the
+# predicate read on the host, which a warmup may do), and a recording captures each cond as CUDA
+# conditional nodes and each while_loop as a WHILE node (``_cond_nodes``, ``_while_node``; Note
+# [Conditional nodes on CUDA] in csrc/cuda/ConditionalNodes.cpp): the predicate is read on the
+# device at every replay, with no host sync. Which path runs is decided by the backend of the call
+# in flight (``_tree_call_device``), never by its tensors' devices. Where a conditional node
+# cannot serve -- a torch or driver without them (the reason names which), a predicate that is
+# not a CUDA boolean scalar, an arm that draws random numbers (seen in the warmup: torch refuses
+# RNG in a conditional body) -- the warmup is refused with the reason (the function runs eagerly,
+# logged once); the tree-branch form that would serve those is planned (docs/semantics.md,
+# "Data-dependent control flow").
 #
 # Running every arm is right only where no arm can be seen to differ from eager; otherwise the
 # recording is refused and the call returns what the taken arm returned (review of issue 48):
@@ -78,17 +84,146 @@ def _refuse(why: str) -> None:
 def _backend_refusal(kind: str, backend: str, pred: Any, tensors: Any) -> str | None:
     # By the recording's backend, never by the tensors' devices (review of issue 48, W4): a CPU
     # counter inside a CUDA recording must not take the CPU path, whose loop would be baked.
+    if backend == "cuda":
+        why = _ext()._cuda_conditional_unavailable()
+        if why:
+            return (
+                f"it calls {kind} in a CUDA recording, which graphtrees records as CUDA "
+                f"conditional nodes, and {why}"
+            )
+        if pred is not None and not _device_predicate(pred):
+            return (
+                f"its {kind} has a predicate that is not a boolean scalar tensor on the CUDA "
+                "device (a CPU value would be read once, when the function is recorded, and "
+                "baked into the recording)"
+            )
+        return None
     if backend != "cpu":
         return (
-            f"it calls {kind} in a {backend} recording, whose predicate would be "
-            f"read on the host during the capture; graphtrees records {kind} as a program's "
-            "control step on the CPU backend only: CUDA conditional nodes (and the tree-branch "
-            "form) come later (issue 48)"
+            f"it calls {kind} in a {backend} recording: graphtrees records {kind} on the CPU "
+            "(program steps) and CUDA (conditional nodes) backends"
         )
     leaves = [pred, *pytree.tree_leaves(tensors)]
     if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in leaves):
         return f"its {kind} takes tensors that are not on the CPU in a CPU recording"
     return None
+
+
+def _device_predicate(pred: Any) -> bool:
+    return (
+        isinstance(pred, torch.Tensor)
+        and pred.device.type == "cuda"
+        and pred.dim() == 0
+        and pred.dtype == torch.bool
+    )
+
+
+def _capturing(backend: str) -> bool:
+    """Whether a CUDA recording is capturing now (not a warmup): its control flow becomes
+    conditional nodes."""
+    return backend == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+class _Draws:
+    """Whether the arm run inside drew random numbers from the CUDA device's default generator,
+    which a conditional node cannot hold (torch refuses RNG in a conditional body)."""
+
+    def __init__(self, on: Any, backend: str):
+        self._gen = None
+        if backend == "cuda" and isinstance(on, torch.Tensor) and on.device.type == "cuda":
+            self._gen = torch.cuda.default_generators[on.device.index or 0]
+        self.drew = False
+
+    def __enter__(self):
+        if self._gen is not None:
+            self._offset = self._gen.get_offset()
+        return self
+
+    def __exit__(self, *exc):
+        if self._gen is not None and self._gen.get_offset() != self._offset:
+            self.drew = True
+
+
+def _rng_refusal(kind: str) -> str:
+    return (
+        f"an arm of its {kind} draws random numbers, which a CUDA conditional node cannot "
+        "hold (torch refuses random numbers in a conditional body)"
+    )
+
+
+class _Body:
+    """One conditional node's body in the capture under way (Note [Conditional nodes on
+    CUDA]): ``step`` begins it, the block's work is captured into it, its exit ends it."""
+
+    def __init__(self, step: str, pred: torch.Tensor):
+        self._step, self._pred = step, pred
+
+    def __enter__(self):
+        _ext()._cuda_conditional_step(self._step, self._pred)
+
+    def __exit__(self, *exc):
+        _ext()._cuda_conditional_step("end")
+
+
+def _cond_nodes(pred, true_fn, false_fn, operands):
+    """A torch.cond captured as two IF nodes: the true branch's results stay in their buffers
+    (clones where they alias an operand or each other); the false branch's are copied into them."""
+    not_pred = torch.logical_not(pred)  # in the outer graph, before either node
+    with _Body("cond", pred):
+        outs_t = true_fn(*operands)
+        why = _results_refusal(outs_t, outs_t)
+        if why is not None:
+            raise RuntimeError(f"graphtrees: {why}")
+        leaves_t, spec = pytree.tree_flatten(outs_t)
+        homes = [
+            t.clone() if _aliases(t, (operands, leaves_t[:k])) else t
+            for k, t in enumerate(leaves_t)
+        ]
+        del outs_t, leaves_t
+    with _Body("else", not_pred):
+        outs_f = false_fn(*operands)
+        why = _results_refusal(pytree.tree_unflatten(homes, spec), outs_f)
+        if why is not None:
+            raise RuntimeError(f"graphtrees: {why}")
+        for h, f in zip(homes, pytree.tree_leaves(outs_f)):
+            h.copy_(f)
+        del outs_f
+    _log_once(
+        "graphtrees: torch.cond recorded as CUDA conditional nodes (form 'conditional-node'): "
+        "the predicate is read on the device at each replay, no host sync"
+    )
+    return pytree.tree_unflatten(homes, spec)
+
+
+def _while_node(cond_fn, body_fn, carried_inputs, additional_inputs):
+    """A torch.while_loop captured as one WHILE node: the body's results are copied into the
+    carried buffers and the cond function sets the node's value for the next iteration."""
+    carried = tuple(t.clone() for t in carried_inputs)  # the loop's own buffers
+    pred = cond_fn(*carried, *additional_inputs)
+    if not _device_predicate(pred):
+        raise RuntimeError(
+            f"graphtrees: cond_fn must return a boolean scalar CUDA tensor in a CUDA recording, "
+            f"got {pred!r}"
+        )
+    with _Body("while_loop", pred):
+        outs = list(body_fn(*carried, *additional_inputs))
+        if len(outs) != len(carried):
+            raise RuntimeError(
+                "body_fn should return the same number of elements as carried_inputs"
+            )
+        outs = [
+            o.clone() if _aliases(o, carried) and o is not c else o for o, c in zip(outs, carried)
+        ]
+        for c, o in zip(carried, outs):
+            if o is not c:
+                c.copy_(o)
+        del outs
+        _ext()._cuda_conditional_step("set", cond_fn(*carried, *additional_inputs))
+    _log_once(
+        "graphtrees: torch.while_loop recorded as a CUDA WHILE node (form 'conditional-node'): "
+        "the predicate is read on the device at each iteration of a replay, no host sync"
+    )
+    return carried
 
 
 _INPLACE_FUNCTIONS = frozenset(
@@ -243,6 +378,8 @@ def _cond_dense(pred, true_fn, false_fn, operands):
     if why is not None:
         _refuse(why)
         return _original["cond"](pred, true_fn, false_fn, operands)
+    if _capturing(backend):
+        return _cond_nodes(pred, true_fn, false_fn, operands)
     watched = _watched(operands, (true_fn, false_fn))
     before = _versions(watched)
     recorded = C._control_flow_event("begin_cond", [pred])
@@ -250,6 +387,7 @@ def _cond_dense(pred, true_fn, false_fn, operands):
     results, failed = [None, None], [None, None]
     homes = None
     wrote = [False, False]
+    drew = False
     for arm, fn in enumerate((true_fn, false_fn)):
         if arm == 1:
             C._control_flow_event("next_arm")
@@ -257,8 +395,9 @@ def _cond_dense(pred, true_fn, false_fn, operands):
             before = _versions(watched)
         untaken = taken != (arm == 0)
         try:
-            with _RngKept(pred, keep=untaken):
+            with _RngKept(pred, keep=untaken), _Draws(pred, backend) as draws:
                 results[arm] = fn(*operands)
+            drew = drew or draws.drew
         except Exception as e:
             if not untaken:
                 raise
@@ -286,6 +425,8 @@ def _cond_dense(pred, true_fn, false_fn, operands):
             "a branch of its torch.cond wrote a tensor it did not make (an operand, a buffer, "
             "a tensor it closes over)"
         )
+    elif drew:
+        why = _rng_refusal("torch.cond")
     elif failed[0] is not None or failed[1] is not None:
         why = (
             f"the branch of its torch.cond that this call does not take raised "
@@ -343,6 +484,8 @@ def _while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest
         return _original["while_loop"](
             cond_fn, body_fn, carried_inputs, additional_inputs, *rest, **kwargs
         )
+    if _capturing(backend):
+        return _while_node(cond_fn, body_fn, carried_inputs, additional_inputs)
     watched = _watched((carried_inputs, additional_inputs), (cond_fn, body_fn))
     before = _versions(watched)
     carried = tuple(t.clone() for t in carried_inputs)  # the loop's own buffers
@@ -350,11 +493,21 @@ def _while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest
     pred = cond_fn(*carried, *additional_inputs)
     if not (isinstance(pred, torch.Tensor) and pred.dim() == 0 and pred.dtype == torch.bool):
         raise RuntimeError(f"cond_fn must return a boolean scalar tensor but got {pred}")
+    if backend == "cuda" and not _device_predicate(pred):
+        _refuse(_backend_refusal("torch.while_loop", backend, pred, ()) or "")
+        return _original["while_loop"](
+            cond_fn, body_fn, carried_inputs, additional_inputs, *rest, **kwargs
+        )
     go_on = C._control_flow_predicate(pred)
     C._control_flow_event("next_arm")
-    with _RngKept(pred, keep=not go_on):
+    with _RngKept(pred, keep=not go_on), _Draws(pred, backend) as draws:
         outs = list(body_fn(*carried, *additional_inputs))
     C._control_flow_event("end_while_loop", [pred], outs)
+    if draws.drew:
+        why = _rng_refusal("torch.while_loop")
+        if not C._refuse_recording(why):
+            raise RuntimeError(f"graphtrees: {why}; run the function eagerly")
+        _log_once(f"graphtrees: a graphed function runs eagerly: {why}")
     if before != _versions(watched):
         why = (
             "its torch.while_loop wrote a tensor it did not make (an operand, a buffer, a "

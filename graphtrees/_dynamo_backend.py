@@ -355,10 +355,19 @@ def _holds_control_flow(gm: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" and n.target in ops for n in gm.graph.nodes)
 
 
-def _on_cpu_backend(inputs: Sequence[Any]) -> bool:
-    """Whether a graph runs on graphtrees' CPU backend, the one that records torch.cond: on CUDA
-    its cond refuses the recording anyway, and Inductor's fusion stays (review of issue 48, M2)."""
-    return not any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in inputs)
+def _records_control_flow(inputs: Sequence[Any]) -> bool:
+    """Whether graphtrees records the torch.cond of a graph on these inputs itself: on the CPU
+    backend (program steps) and on CUDA where conditional nodes serve (Note [Conditional nodes on
+    CUDA] in csrc/cuda/ConditionalNodes.cpp). Elsewhere the cond refuses the recording anyway,
+    and Inductor's fusion stays (review of issue 48, M2)."""
+    devices = {t.device.type for t in inputs if isinstance(t, torch.Tensor)}
+    if devices <= {"cpu"}:
+        return True
+    if devices <= {"cpu", "cuda"}:
+        from ._ext import get_ext
+
+        return not get_ext()._cuda_conditional_unavailable()
+    return False
 
 
 def _log_control_flow_graph(name: str) -> None:
@@ -484,10 +493,11 @@ def make_backend(**options) -> Callable:
                         meta.bw_donated_idxs = donated
 
             name = f"{graph}.{mode_name(mode)}"
-            if _holds_control_flow(aot_gm) and _on_cpu_backend(aot_inputs):
+            if _holds_control_flow(aot_gm) and _records_control_flow(aot_inputs):
                 # Inductor reads a cond's predicate on the host (.item() in its wrapper code):
                 # the graph runs as traced, so that the cond reaches graphtrees' kernel (Note
-                # [Control flow in a recording] in _control_flow.py), with the program replay.
+                # [Control flow in a recording] in _control_flow.py): a program step on the CPU,
+                # conditional nodes on CUDA.
                 _log_control_flow_graph(name)
                 traced = dataclasses.replace(opts, inner="aot_eager", inner_options={})
                 wrapped = _wrap(

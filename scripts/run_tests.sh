@@ -351,7 +351,7 @@ build_211() {
 # On torch 2.11 (the GPU machine's) every CUDA test runs on the stand-in; these files in its value
 # mode, the others without it: the full value run is torch 2.14.1's.
 VALUES_211=(tests/test_standin.py tests/test_seed_story.py tests/test_tree_behaviour.py
-  tests/test_write_back.py tests/test_cuda.py)
+  tests/test_write_back.py tests/test_cuda.py tests/test_control_flow.py)
 # Lane B: the stand-in's CUDA tests on torch 2.14.1, then the torch 2.11 build and the stand-in's
 # tests on it; lane A (the foreground): the CPU suite on torch 2.14.1, then the sanitizer stage.
 # The two take about as long (docs/testing.md).

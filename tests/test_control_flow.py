@@ -1,8 +1,9 @@
 """torch.cond and torch.while_loop inside graphed calls (Note [Control flow in a recording] in
 graphtrees/_control_flow.py): values against eager, on every device; on CPU the recording holds
 control steps that its program replay runs from C++ with no Python (Note [Control steps of a
-program] in csrc/cpu/OpProgram.h); on CUDA the function runs eagerly, with a reason that names
-the op, until conditional nodes come (issue 48)."""
+program] in csrc/cpu/OpProgram.h); on CUDA the recording holds conditional nodes that read the
+predicate on the device (Note [Conditional nodes on CUDA] in csrc/cuda/ConditionalNodes.cpp), or,
+on a torch without them (2.11), the function runs eagerly with a reason that names the op."""
 
 import gc
 import sys
@@ -13,9 +14,19 @@ import torch
 import graphtrees
 from graphtrees import cudagraphify, mark_step_begin
 
-from helpers import assert_close, assert_invariants, cpu_replays, info
+from helpers import STANDIN, assert_close, assert_invariants, cpu_replays, info
 
-pytestmark = pytest.mark.usefixtures("no_grad")
+pytestmark = [
+    pytest.mark.usefixtures("no_grad"),
+    # On CUDA only: a cond's predicate is computed on the device; without the stand-in's values
+    # a conditional node would take whatever branch its poisoned bytes say, and a loop not end.
+    pytest.mark.needs_values("predicates computed on the device decide the branches and loops"),
+]
+
+
+def _conditional_nodes(device):
+    """Whether a recording on `device` holds conditional nodes (CUDA, on a torch that has them)."""
+    return device != "cpu" and not graphtrees._C._cuda_conditional_unavailable()
 
 
 def _python_calls_during(fn, *args):
@@ -51,22 +62,32 @@ def _run_against_eager(device, f, calls):
 
 
 def _assert_program_replays(device, replay_files, kinds):
-    """On CPU: replays happened, ran programs, and no Python of control flow ran in them."""
+    """Replays happened and ran no Python of the control flow: on CPU a program's control steps
+    (Note [Control steps of a program]), on CUDA conditional nodes; where a torch has none, the
+    function ran eagerly (the reason is asserted by the caller)."""
     t = info(device)
-    if device != "cpu":
-        # CUDA: no conditional nodes yet -- eager, with a reason that names the op.
+    if device != "cpu" and not _conditional_nodes(device):
         assert t["num_replays"] == 0
         return
     assert replay_files, "no replay happened"
-    assert t["num_program_replays"] == t["num_replays"] > 0
-    assert set(cpu_replays(device)) == {"program"}
     for files in replay_files:
         assert not [f for f in files if "_higher_order_ops" in f or "_control_flow" in f], files
     nodes = [n for n in t["nodes"] if n["conditionals"]]
     assert nodes and all(n["kind"] == "conditional" for n in nodes)
     assert [c["kind"] for c in nodes[0]["conditionals"]] == kinds
-    assert "program step" in graphtrees.tree_to_dot(device)
+    form = "conditional-node" if device != "cpu" else None
+    for c in nodes[0]["conditionals"]:
+        assert c["form"] == (form or ("program-branch" if c["kind"] == "cond" else "program-loop"))
+    assert (form or "program-") in graphtrees.tree_to_dot(device)
+    if device == "cpu":
+        assert t["num_program_replays"] == t["num_replays"] > 0
+        assert set(cpu_replays(device)) == {"program"}
     assert_invariants(device)
+
+
+def _assert_eager_on_old_torch(device, g, op):
+    if device != "cpu" and not _conditional_nodes(device):
+        assert any(op in r and "conditional nodes" in r for r in _eager_reason(g)), g.signatures()
 
 
 def _eager_reason(g):
@@ -81,12 +102,46 @@ def test_cond_on_a_predicate_that_alternates_every_call(device):
     calls = [((base if k % 2 == 0 else -base) * (k + 1),) for k in range(8)]
     g, replays = _run_against_eager(device, f, calls)
     _assert_program_replays(device, replays, ["cond"])
-    if device != "cpu":
-        assert any("torch.cond" in r and "issue 48" in r for r in _eager_reason(g))
-    else:
+    _assert_eager_on_old_torch(device, g, "torch.cond")
+    if _conditional_nodes(device):
+        assert info(device)["nodes"][0]["conditionals"] == [
+            {"kind": "cond", "form": "conditional-node"}
+        ]
+    elif device == "cpu":
         assert info(device)["nodes"][0]["conditionals"] == [
             {"kind": "cond", "form": "program-branch"}
         ]
+
+
+@pytest.mark.needs_cuda
+@pytest.mark.skipif(STANDIN is None, reason="host syncs are counted by the CUDA stand-in")
+def test_replays_of_conditional_nodes_make_no_host_sync():
+    # Counted on the stand-in (a stand-in run, not a GPU run): no stream, event or device
+    # synchronisation and no synchronous copy while a recording with a cond and a while_loop
+    # replays; the bodies that ran are counted too.
+    device = "cuda"
+    if not _conditional_nodes(device):
+        pytest.skip("this torch has no CUDA conditional nodes: the function runs eagerly")
+
+    def f(x):
+        y = torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))
+        return torch.while_loop(lambda z: z.sum() < 64, lambda z: (z * 2 + 1,), (y.abs(),))[0]
+
+    g = cudagraphify(f)
+    runs = []
+    for k, v in enumerate((1.0, -1.0, 2.0, -0.5, 100.0, 0.25)):
+        mark_step_begin()
+        x = torch.full((4,), v, device=device)
+        replays = info(device)["num_replays"]
+        before = STANDIN.stats()
+        out = g(x)
+        after = STANDIN.stats()
+        if info(device)["num_replays"] > replays:
+            assert after["host_waits"] == before["host_waits"], k
+            runs.append(after["conditional_runs"] - before["conditional_runs"])
+        assert_close(out, f(x))
+    # One IF body each call, and as many WHILE bodies as the loop iterates (0 for 100.0).
+    assert runs and all(r >= 1 for r in runs) and len(runs) >= 3, runs
 
 
 def test_while_loop_whose_trip_count_changes_per_call():
@@ -112,7 +167,7 @@ def test_while_loop_whose_trip_count_changes_per_call():
     "the loop's predicate is computed on the device: without the stand-in's values it never "
     "changes, and torch's own loop (the CUDA refusal runs it eagerly) never ends"
 )
-def test_while_loop_on_the_device_runs_eagerly_there_or_replays_on_cpu(device):
+def test_while_loop_on_the_device_whose_trip_count_changes_per_call(device):
     def f(x):
         def cond_fn(y):
             return y.sum() < 100
@@ -125,13 +180,10 @@ def test_while_loop_on_the_device_runs_eagerly_there_or_replays_on_cpu(device):
     calls = [(torch.full((4,), v, device=device),) for v in (0.0, 30.0, 1.0, 200.0, 0.5, 5.0)]
     g, replays = _run_against_eager(device, f, calls)
     _assert_program_replays(device, replays, ["while_loop"])
-    if device != "cpu":
-        assert any("torch.while_loop" in r for r in _eager_reason(g))
+    _assert_eager_on_old_torch(device, g, "torch.while_loop")
 
 
-def test_nested_cond_and_a_cond_inside_a_while_body():
-    device = "cpu"
-
+def test_nested_cond_and_a_cond_inside_a_while_body(device):
     def inner(t):
         return torch.cond(t.mean() > 0.5, lambda u: u * 3, lambda u: u - 3, (t,))
 
@@ -144,9 +196,12 @@ def test_nested_cond_and_a_cond_inside_a_while_body():
         (w,) = torch.while_loop(lambda z: z.sum() < 200, body, (y.abs() + 1,))
         return y, w
 
-    calls = [(torch.full((4,), v),) for v in (1.0, -1.0, 0.1, 2.0, -3.0, 0.3)]
-    _, replays = _run_against_eager(device, f, calls)
-    _assert_program_replays(device, replays, ["cond", "while_loop", "cond", "cond"])
+    calls = [(torch.full((4,), v, device=device),) for v in (1.0, -1.0, 0.1, 2.0, -3.0, 0.3)]
+    g, replays = _run_against_eager(device, f, calls)
+    # A CPU program lists its steps outermost first; CUDA lists nodes in the order captured.
+    kinds = ["cond", "cond", "while_loop", "cond"] if device != "cpu" else None
+    _assert_program_replays(device, replays, kinds or ["cond", "while_loop", "cond", "cond"])
+    _assert_eager_on_old_torch(device, g, "torch.cond")
 
 
 def test_branches_that_allocate_different_amounts(device):
@@ -301,7 +356,10 @@ def test_writes_in_place_in_a_branch_or_loop_body_refuse(device):
         mark_step_begin()
         x = torch.ones(4, device=device) * s
         assert torch.equal(g(x), closure(x, ref)) and torch.equal(buf, ref)
-    assert any(("in place" if device == "cpu" else "torch.cond") in r for r in _eager_reason(g))
+    assert any(
+        ("in place" if device == "cpu" or _conditional_nodes(device) else "torch.cond") in r
+        for r in _eager_reason(g)
+    )
 
     def writes_input(x, p):
         def t(u, q):
@@ -363,14 +421,16 @@ def test_untaken_branch_that_raises_or_never_ends():
         assert torch.equal(g(x), fb(x))
 
 
-def test_random_draws_in_a_branch_match_eager():
+def test_random_draws_in_a_branch_match_eager(device):
+    # The CPU program replays them; a CUDA conditional node cannot hold random numbers (torch
+    # refuses them in a conditional body): there the warmup sees the draws and refuses.
     def f(x):
         return torch.cond(
             x.sum() > 0, lambda t: t + torch.rand_like(t), lambda t: t * torch.rand_like(t), (x,)
         )
 
     g = cudagraphify(f)
-    x = torch.ones(8)
+    x = torch.ones(8, device=device)
     for k in range(6):
         arg = x if k % 2 else -x
         mark_step_begin()
@@ -378,27 +438,37 @@ def test_random_draws_in_a_branch_match_eager():
         out = g(arg)
         torch.manual_seed(k)
         assert_close(out, f(arg))
-    assert info("cpu")["num_program_replays"] > 0
+    if device == "cpu":
+        assert info("cpu")["num_program_replays"] > 0
+    else:
+        assert info(device)["num_replays"] == 0
+        word = "random numbers" if _conditional_nodes(device) else "conditional nodes"
+        assert any(word in r for r in _eager_reason(g)), _eager_reason(g)
 
 
-def test_cond_under_torch_compile_records_and_replays():
+def test_cond_under_torch_compile_records_and_replays(device):
     torch._dynamo.reset()
 
     def f(x):
         return torch.cond(x.sum() > 0, lambda t: t.sin() + 1, lambda t: t.cos() - 1, (x,))
 
     compiled = torch.compile(f, backend="graphtrees")
-    x = torch.randn(16).abs() + 0.1
+    x = torch.randn(16, device=device).abs() + 0.1
     for k in range(6):
         mark_step_begin()
         arg = x if k % 2 else -x
         assert_close(compiled(arg), f(arg))
-    t = info("cpu")
-    assert t["num_replays"] > 0 and t["num_program_replays"] == t["num_replays"]
+    t = info(device)
+    if device != "cpu" and not _conditional_nodes(device):
+        assert t["num_replays"] == 0
+        return
+    assert t["num_replays"] > 0
+    if device == "cpu":
+        assert t["num_program_replays"] == t["num_replays"]
     assert any(n["conditionals"] for n in t["nodes"])
 
 
-def test_cond_in_a_training_step_with_backward_under_torch_compile():
+def test_cond_in_a_training_step_with_backward_under_torch_compile(device):
     torch._dynamo.reset()
 
     class Model(torch.nn.Module):
@@ -412,19 +482,22 @@ def test_cond_in_a_training_step_with_backward_under_torch_compile():
             return torch.cond(h.sum() > 0, lambda t: self.b(t).relu(), lambda t: t.tanh(), (h,))
 
     torch.manual_seed(0)
-    model = Model()
-    reference = Model()
+    model = Model().to(device)
+    reference = Model().to(device)
     reference.load_state_dict(model.state_dict())
     compiled = torch.compile(model, backend="graphtrees")
     with torch.enable_grad():
         for k in range(6):
-            x = torch.randn(4, 8) * (1 if k % 2 else -1) + (2 if k % 2 else -2)
+            x = torch.randn(4, 8, device=device) * (1 if k % 2 else -1) + (2 if k % 2 else -2)
             mark_step_begin()
             compiled(x).sum().backward()
             reference(x).sum().backward()
             for p, q in zip(model.parameters(), reference.parameters()):
                 assert_close(p.grad, q.grad)
-    t = info("cpu")
+    t = info(device)
+    if device != "cpu" and not _conditional_nodes(device):
+        assert t["num_replays"] == 0
+        return
     assert t["num_replays"] > 0
     assert any(n["conditionals"] for n in t["nodes"])
 
@@ -496,9 +569,12 @@ def test_cond_first_reached_inside_the_recording_refuses_without_blaming_the_use
     assert not any("Generator" in r for r in _eager_reason(g))
 
 
-def test_graphs_holding_a_cond_keep_inductor_off_the_cpu_backend():
-    # M2: only the CPU backend records a cond; on CUDA it refuses anyway, and Inductor stays.
-    from graphtrees._dynamo_backend import _on_cpu_backend
+def test_graphs_holding_a_cond_keep_inductor_only_where_graphtrees_cannot_record_it(device):
+    # M2: the CPU backend records a cond, and CUDA where conditional nodes serve; elsewhere the
+    # cond refuses the recording anyway, and Inductor stays.
+    from graphtrees._dynamo_backend import _records_control_flow
 
-    assert _on_cpu_backend([torch.ones(2), 3])
-    assert not _on_cpu_backend([torch.ones(2), torch.ones(2, device="meta")])
+    assert _records_control_flow([torch.ones(2), 3])
+    assert not _records_control_flow([torch.ones(2), torch.ones(2, device="meta")])
+    on_device = [torch.ones(2, device=device), 3]
+    assert _records_control_flow(on_device) == (device == "cpu" or _conditional_nodes(device))

@@ -357,10 +357,9 @@ def test_kernels_torch_compiles_with_nvrtc_are_recorded_like_any_other():
 
 def test_unmodelled_calls_fail_naming_themselves():
     lib = cudart()
-    handle = ctypes.c_uint64()
-    err = lib.cudaGraphConditionalHandleCreate(ctypes.byref(handle), None, 0, 0)
+    err = lib.cudaIpcGetMemHandle(ctypes.create_string_buffer(64), ctypes.c_void_p(0))
     assert err == 801  # cudaErrorNotSupported
-    assert "conditional nodes are not modelled" in STANDIN.last_message()
+    assert "IPC is not modelled" in STANDIN.last_message()
     fn = ctypes.c_void_p()
     status = ctypes.c_int(-1)
     assert (
@@ -371,6 +370,97 @@ def test_unmodelled_calls_fail_naming_themselves():
     )
     assert fn.value is None and status.value == 1  # cudaDriverEntryPointSymbolNotFound
     assert lib.cudaGetLastError() == 801  # as the runtime does; and it is cleared now
+
+
+def _torch_has_conditional_nodes():
+    return hasattr(torch._C._CUDAGraph, "begin_capture_to_while_node")
+
+
+_CONDITIONAL_NODES = pytest.mark.skipif(
+    not _torch_has_conditional_nodes(),
+    reason="this torch's CUDAGraph cannot capture conditional nodes (torch 2.11 has none)",
+)
+
+
+@_CONDITIONAL_NODES
+@pytest.mark.needs_values("the predicates are computed on the device")
+def test_conditional_nodes_run_the_bodies_their_predicates_pick():
+    # Note [Stand-in conditional nodes]: an IF node's body runs when its handle's value is
+    # non-zero, a WHILE node's body while it is, the value set on the device by torch's kernel.
+    x = torch.zeros(4, device="cuda")
+    i = torch.zeros((), dtype=torch.long, device="cuda")
+    pred = torch.zeros((), dtype=torch.bool, device="cuda")
+    limit = torch.zeros((), dtype=torch.long, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    before = STANDIN.stats()
+    with torch.cuda.graph(g):
+        g.begin_capture_to_if_node(pred)
+        x.add_(1)
+        g.end_capture_to_conditional_node()
+        i.zero_()
+        g.begin_capture_to_while_node(i < limit)
+        i.add_(1)
+        x.mul_(2)
+        g.set_conditional_handle_for_current_node(i < limit)
+        g.end_capture_to_conditional_node()
+    assert STANDIN.stats()["conditional_nodes"] - before["conditional_nodes"] == 2
+    expected = torch.zeros(4)
+    for p, n in ((True, 0), (False, 3), (True, 1), (False, 0), (True, 5)):
+        pred.fill_(p)
+        limit.fill_(n)
+        runs = STANDIN.stats()["conditional_runs"]
+        g.replay()
+        torch.cuda.synchronize()
+        expected = (expected + (1 if p else 0)) * 2**n
+        assert torch.equal(x.cpu(), expected), (p, n, x.cpu(), expected)
+        assert int(i) == n
+        assert STANDIN.stats()["conditional_runs"] - runs == int(p) + n
+
+
+@_CONDITIONAL_NODES
+def test_a_conditional_body_takes_no_host_function():
+    # The driver allows kernels, copies, memsets, empty and conditional nodes in a body: a host
+    # function captured there fails and invalidates the capture (in a process of its own: the
+    # failed capture leaves torch's graph half-ended).
+    out = run_process(
+        "import ctypes, os, torch\n"
+        "lib = ctypes.CDLL('libcudart.so.13', mode=os.RTLD_NOLOAD)\n"
+        "callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: None)\n"
+        "pred = torch.ones((), dtype=torch.bool, device='cuda')\n"
+        "g = torch.cuda.CUDAGraph()\n"
+        "try:\n"
+        "    with torch.cuda.graph(g):\n"
+        "        g.begin_capture_to_if_node(pred)\n"
+        "        s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)\n"
+        "        print('host function:', lib.cudaLaunchHostFunc(s, callback, None), flush=True)\n"
+        "        g.end_capture_to_conditional_node()\n"
+        "except Exception as e:\n"
+        "    print('raised', type(e).__name__, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    assert "host function: 900" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "raised" in out.stdout
+    assert "cudaLaunchHostFunc while capturing into a conditional node's body" in out.stderr
+
+
+@_CONDITIONAL_NODES
+def test_a_while_node_whose_predicate_never_falls_is_a_device_fault():
+    # Without the value mode a predicate is whatever bytes memory holds: the stand-in stops a
+    # WHILE node after CUDA_STANDIN_WHILE_LIMIT iterations instead of hanging, a sticky fault.
+    out = run_process(
+        "import torch\n"
+        "pred = torch.ones((), dtype=torch.bool, device='cuda')\n"
+        "g = torch.cuda.CUDAGraph()\n"
+        "with torch.cuda.graph(g):\n"
+        "    g.begin_capture_to_while_node(pred)\n"
+        "    g.set_conditional_handle_for_current_node(pred)\n"
+        "    g.end_capture_to_conditional_node()\n"
+        "g.replay()\n"
+        "torch.cuda.synchronize()\n",
+        CUDA_STANDIN_WHILE_LIMIT="50",
+    )
+    assert out.returncode != 0
+    assert "still running after 50 iterations" in out.stderr, out.stderr[-2000:]
 
 
 def test_pytorchs_own_reduce_overhead_runs_on_it():

@@ -67,7 +67,13 @@ class CpuGraph final : public Graph {
   const char* cpuReplay() const override { return program_ ? "program" : "python"; }
   bool replaysProgram() const override { return program_ != nullptr; }
   std::vector<std::string> conditionals() const override {
-    return program_ ? program_->controlKinds() : std::vector<std::string>();
+    std::vector<std::string> out;
+    if (program_) {
+      for (const auto& k : program_->controlKinds()) {
+        out.push_back(k + (k == "cond" ? ":program-branch" : ":program-loop"));
+      }
+    }
+    return out;
   }
   std::string explainDifference(const std::function<void()>& eager,
                                 const std::vector<at::Tensor>& eager_inputs) const override;

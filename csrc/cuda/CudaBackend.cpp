@@ -4,6 +4,7 @@
 #include "Logging.h"
 #include "PythonHooks.h"
 #include "ThreadState.h"
+#include "cuda/ConditionalNodes.h"
 #include "cuda/CudaGraph.h"
 #include "cuda/DeviceLock.h"
 #include "cuda/InputCopies.h"
@@ -356,6 +357,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     try {
       DeviceCaptureScope no_frees;  // Note [Freeing during a capture] in ThreadState.h
       DeviceLock::CapturingUserCode busy(device_.index());  // Note [Locks around user code]
+      (void)ConditionalNodes::take();                       // Note [Conditional nodes on CUDA]
       *outputs = run(inputs);
       if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
         // A real invalidation: querying a capturing stream is forbidden during a capture.
@@ -425,7 +427,8 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
   at::cuda::clearCublasWorkspaces();
   refreshSegments();
   std::vector<Interval> footprint = layout().footprintSince(allocated_before, inputs, *outputs);
-  return std::make_unique<CudaGraph>(std::move(graph), std::move(footprint), device_.index());
+  return std::make_unique<CudaGraph>(std::move(graph), std::move(footprint), device_.index(),
+                                     ConditionalNodes::take());
 }
 
 void CudaBackend::copyInputs(const std::vector<at::Tensor>& dst,

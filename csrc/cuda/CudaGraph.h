@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace graphtrees {
@@ -35,12 +36,15 @@ struct TreeGraph : at::cuda::CUDAGraph {
 
 class CudaGraph final : public Graph {
  public:
+  // `conditionals`: the torch.cond / torch.while_loop it holds as conditional nodes (Note
+  // [Conditional nodes on CUDA] in ConditionalNodes.cpp).
   CudaGraph(std::unique_ptr<TreeGraph> graph, std::vector<Interval> footprint,
-            c10::DeviceIndex device)
+            c10::DeviceIndex device, std::vector<std::string> conditionals)
       : graph_(std::move(graph)),
         footprint_(std::move(footprint)),
         device_(device),
-        draws_random_numbers_(graph_->drawsRandomNumbers()) {}
+        draws_random_numbers_(graph_->drawsRandomNumbers()),
+        conditionals_(std::move(conditionals)) {}
   // Destroys the graph under the device's allocation lock: ~CUDAGraph unregisters it from the
   // generators' states, which torch 2.11 does not synchronise (review 4, #11).
   ~CudaGraph() override;
@@ -52,12 +56,18 @@ class CudaGraph final : public Graph {
               const std::vector<int64_t>& copied,
               const std::vector<at::Tensor>& placeholders) override;
   const std::vector<Interval>& footprint() const override { return footprint_; }
+  std::vector<std::string> conditionals() const override {
+    std::vector<std::string> out;
+    for (const auto& k : conditionals_) out.push_back(k + ":conditional-node");
+    return out;
+  }
 
  private:
   std::unique_ptr<TreeGraph> graph_;
   std::vector<Interval> footprint_;
   c10::DeviceIndex device_;
   bool draws_random_numbers_;
+  std::vector<std::string> conditionals_;
 };
 
 }  // namespace graphtrees

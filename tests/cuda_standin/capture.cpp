@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_set>
 
@@ -31,7 +32,7 @@
 // stream that did not begin the capture is cudaErrorStreamCaptureUnmatched; from another thread,
 // unless Relaxed, cudaErrorStreamCaptureWrongThread.
 // Not modelled (each a reported cudaErrorNotSupported): memory-allocation nodes
-// (cudaMallocAsync in a capture), conditional nodes, a graph launched into a capture, external
+// (cudaMallocAsync in a capture), child-graph nodes, a graph launched into a capture, external
 // event waits.
 //
 // Note [Stand-in graphs]
@@ -44,6 +45,33 @@
 // graphs hold their references (an executable graph takes its own at instantiation), and a
 // destructor runs once the count reaches zero, outside the stand-in's lock. A destroyed graph or
 // executable graph keeps its handle, retired: using it ends the process (Note [Stand-in handles]).
+//
+// Note [Stand-in conditional nodes]
+// A conditional handle (cudaGraphConditionalHandleCreate) belongs to one graph and holds a value:
+// its default, put back at each launch of an executable graph made from that graph when the
+// handle has cudaGraphCondAssignDefault (otherwise kept from the last launch, the default at
+// instantiation). A conditional node (cudaGraphAddNode, type cudaGraphNodeTypeConditional) takes a
+// handle of the graph it is added to and makes its body graphs, owned by the node (destroyed with
+// it; cudaGraphDestroy refuses them): IF with one body (run when the value is non-zero) or two (the
+// second when it is zero), WHILE with one (run while the value is non-zero, checked before each
+// iteration), SWITCH with any number (body[value], none past the end). Bodies are filled by
+// cudaStreamBeginCaptureToGraph or by adding nodes, and take only what the driver allows there:
+// kernels, copies, memsets, empty nodes and conditional nodes -- a host node (cudaLaunchHostFunc)
+// fails with cudaErrorStreamCaptureUnsupported and invalidates the capture, as do an external
+// event record or wait, and cudaGraphAddNode of another type fails with cudaErrorInvalidValue.
+// The value engine's own host work is not the program's (it stands for the computation of the
+// op's kernel) and is allowed there (standin_launch_internal_host_func).
+// The value is set on the device by a kernel calling cudaGraphSetConditional. Kernels are never
+// run here, so the one such kernel the stand-in knows, torch's `set_conditional_handle_kernel
+// (unsigned long long handle, const bool* pred)` (aten/src/ATen/cuda/CUDAGraph.cu), is executed
+// by the stand-in when it runs: it reads the predicate's byte from device memory and sets the
+// value to 0 or 1. Run outside a graph it is a device fault (the handle is a graph's). With the
+// value engine loaded, a predicate whose bytes no engine op computed (a Triton kernel's, say) is a
+// device fault rather than a guess; without the engine a predicate is whatever bytes memory holds
+// (poison for new memory), and a WHILE node stops with a device fault after
+// CUDA_STANDIN_WHILE_LIMIT iterations (default 1,000,000) rather than hang. Instantiation
+// snapshots the bodies with the graph; a replay runs the taken bodies' nodes in order (each
+// counted in stats()["conditional_runs"]), their value computations with them.
 
 namespace standin {
 
@@ -55,6 +83,22 @@ std::vector<Capture*>& activeCaptures() {
 }
 uint64_t next_capture_id = 1;
 thread_local cudaStreamCaptureMode thread_mode = cudaStreamCaptureModeGlobal;
+
+// Note [Stand-in conditional nodes]
+struct ConditionalHandle {
+  CUgraph_st* graph = nullptr;
+  unsigned default_value = 0;
+  unsigned flags = 0;
+};
+std::map<uint64_t, ConditionalHandle>& conditionalHandles() {
+  static auto* m = new std::map<uint64_t, ConditionalHandle>();
+  return *m;
+}
+std::map<uint64_t, unsigned>& conditionalValues() {
+  static auto* m = new std::map<uint64_t, unsigned>();
+  return *m;
+}
+uint64_t next_conditional_handle = 1;
 
 std::unordered_set<CUgraph_st*>& liveGraphs() {
   static auto* s = new std::unordered_set<CUgraph_st*>();
@@ -121,11 +165,24 @@ void releaseUserObject(CUuserObject_st* o, unsigned count) {
   }
 }
 
-// The graph's nodes and references go; its handle stays, retired (Note [Stand-in handles]).
+// The graph's nodes and references go; its handle stays, retired (Note [Stand-in handles]). The
+// bodies of its conditional nodes go with it, and so do its conditional handles.
 void destroyGraph(CUgraph_st* g, const char* by) {
   for (auto& uo : g->user_objects) releaseUserObject(uo.first, uo.second);
   g->user_objects.clear();
+  for (auto& n : g->nodes) {
+    for (CUgraph_st* body : n->data.bodies) destroyGraph(body, by);
+    n->data.bodies.clear();
+  }
   g->nodes.clear();
+  for (auto it = conditionalHandles().begin(); it != conditionalHandles().end();) {
+    if (it->second.graph == g) {
+      conditionalValues().erase(it->first);
+      it = conditionalHandles().erase(it);
+    } else {
+      ++it;
+    }
+  }
   liveGraphs().erase(g);
   stats().live_graphs--;
   retireHandle(g, HandleKind::kGraph, by);
@@ -143,7 +200,52 @@ void leaveCapture(Capture* c) {
   if (c->graph != nullptr) c->graph->capturing = false;
 }
 
+// An executable graph's copy of a graph's nodes, its conditional nodes' bodies included; the user
+// objects of the graph and of its bodies become the executable's, and the handles of the graph and
+// of its bodies are noted: put back to their defaults at each launch (cudaGraphCondAssignDefault)
+// or now.
+std::shared_ptr<const std::vector<NodeData>> snapshot(CUgraph_st* g, CUgraphExec_st* exec) {
+  auto nodes = std::make_shared<std::vector<NodeData>>();
+  nodes->reserve(g->nodes.size());
+  for (const auto& n : g->nodes) {
+    NodeData d = n->data;
+    for (CUgraph_st* body : d.bodies) d.body_nodes.push_back(snapshot(body, exec));
+    nodes->push_back(std::move(d));
+  }
+  for (auto& uo : g->user_objects) {
+    uo.first->refs += uo.second;
+    exec->user_objects.push_back(uo);
+  }
+  for (const auto& [handle, h] : conditionalHandles()) {
+    if (h.graph != g) continue;
+    if (h.flags & cudaGraphCondAssignDefault) {
+      exec->conditional_defaults.emplace_back(handle, h.default_value);
+    } else {
+      conditionalValues()[handle] = h.default_value;
+    }
+  }
+  return nodes;
+}
+
 }  // namespace
+
+unsigned conditionalValue(uint64_t handle) {
+  auto it = conditionalValues().find(handle);
+  return it == conditionalValues().end() ? 0 : it->second;
+}
+
+void setConditionalValue(uint64_t handle, unsigned value) {
+  conditionalValues()[handle] = value;
+}
+
+int64_t whileLimit() {
+  static const int64_t limit = [] {
+    const char* v = std::getenv("CUDA_STANDIN_WHILE_LIMIT");
+    const long long n = v != nullptr ? std::atoll(v) : 0;
+    return n > 0 ? static_cast<int64_t>(n) : int64_t(1000000);
+  }();
+  return limit;
+}
 
 void invalidate(Capture* c, const std::string& why) {
   if (c == nullptr || !c->active || c->invalidated) return;
@@ -280,13 +382,17 @@ cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   Lock lock;
-  if (pGraph == nullptr) return setError(cudaErrorInvalidValue);
   CUstream_st* s = resolveStream(stream, "cudaStreamEndCapture");
   if (s == nullptr)
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture: unknown stream");
   Capture* c = s->capture;
   if (c == nullptr)
     return fail(cudaErrorIllegalState, "cudaStreamEndCapture: the stream is not capturing");
+  // A capture into a graph the caller made (cudaStreamBeginCaptureToGraph: a conditional node's
+  // body, say) may be ended without asking for the graph back; torch does so.
+  if (pGraph == nullptr && c->owns_graph) {
+    return fail(cudaErrorInvalidValue, "cudaStreamEndCapture: no place for the captured graph");
+  }
   if (c->origin == s && !c->invalidated && injectedFailure("cudaStreamEndCapture") != cudaSuccess) {
     invalidate(c, "a failure injected by standin_fail_next()");
   }
@@ -318,6 +424,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
     }
   }
   leaveCapture(c);
+  cudaGraph_t ignored = nullptr;
+  if (pGraph == nullptr) pGraph = &ignored;
   *pGraph = nullptr;
   if (c->invalidated || !unjoined.empty()) {
     if (c->owns_graph) destroyGraph(c->graph, "a failed cudaStreamEndCapture");
@@ -424,6 +532,10 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
     return fail(cudaErrorInvalidValue, "cudaGraphDestroy(%s): unknown graph", hex(graph).c_str());
   if (graph->capturing)
     return fail(cudaErrorIllegalState, "cudaGraphDestroy: the graph is being captured into");
+  if (graph->body_of != nullptr) {
+    return fail(cudaErrorInvalidValue,
+                "cudaGraphDestroy: the graph is a conditional node's body, owned by the node");
+  }
   destroyGraph(graph, "cudaGraphDestroy");
   return cudaSuccess;
 }
@@ -495,11 +607,42 @@ cudaError_t cudaGraphAddNode(cudaGraphNode_t* pGraphNode, cudaGraph_t graph,
                                                : nodeParams->memset.width * d.elem;
       d.dst_known = true;
       break;
+    case cudaGraphNodeTypeConditional: {
+      const cudaConditionalNodeParams& c = nodeParams->conditional;
+      auto it = conditionalHandles().find(c.handle);
+      if (it == conditionalHandles().end() || it->second.graph != graph) {
+        return fail(cudaErrorInvalidValue,
+                    "cudaGraphAddNode: conditional handle %llu was not created for this graph",
+                    (unsigned long long)c.handle);
+      }
+      const bool size_ok = c.type == cudaGraphCondTypeIf       ? (c.size == 1 || c.size == 2)
+                           : c.type == cudaGraphCondTypeWhile  ? c.size == 1
+                           : c.type == cudaGraphCondTypeSwitch ? c.size >= 1
+                                                               : false;
+      if (!size_ok) {
+        return fail(cudaErrorInvalidValue,
+                    "cudaGraphAddNode: a conditional node of type %d with %u bodies", (int)c.type,
+                    c.size);
+      }
+      d.kind = NodeKind::kConditional;
+      d.name = c.type == cudaGraphCondTypeIf      ? "conditional IF node"
+               : c.type == cudaGraphCondTypeWhile ? "conditional WHILE node"
+                                                  : "conditional SWITCH node";
+      d.cond_handle = c.handle;
+      d.cond_type = c.type;
+      for (unsigned i = 0; i < c.size; ++i) d.bodies.push_back(newGraph());
+      break;
+    }
     default:
       return fail(cudaErrorNotSupported,
-                  "cudaGraphAddNode: nodes of type %d (conditional, child graph, memcpy 3D, "
-                  "memory allocation, event, semaphore) are not modelled",
+                  "cudaGraphAddNode: nodes of type %d (child graph, memcpy 3D, memory "
+                  "allocation, event, semaphore) are not modelled",
                   (int)nodeParams->type);
+  }
+  if (graph->body_of != nullptr && d.kind == NodeKind::kHost) {
+    return fail(cudaErrorInvalidValue,
+                "cudaGraphAddNode: a host node in a conditional node's body (a body takes "
+                "kernels, copies, memsets, empty and conditional nodes only)");
   }
   if (d.kind == NodeKind::kKernel) stats().kernel_nodes++;
   auto node = std::make_unique<CUgraphNode_st>();
@@ -507,17 +650,32 @@ cudaError_t cudaGraphAddNode(cudaGraphNode_t* pGraphNode, cudaGraph_t graph,
   node->deps.assign(pDependencies, pDependencies + numDependencies);
   node->graph = graph;
   node->index = graph->nodes.size();
+  for (CUgraph_st* body : node->data.bodies) body->body_of = node.get();
+  if (node->data.kind == NodeKind::kConditional) {
+    stats().conditional_nodes++;
+    // CUDA-owned, valid for the node's lifetime: the node's own vector, never resized.
+    nodeParams->conditional.phGraph_out = node->data.bodies.data();
+  }
   *pGraphNode = node.get();
   graph->nodes.push_back(std::move(node));
   return cudaSuccess;
 }
 
-cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHandle* /*pHandle_out*/,
-                                             cudaGraph_t /*graph*/, unsigned int /*value*/,
-                                             unsigned int /*flags*/) {
-  return fail(cudaErrorNotSupported,
-              "cudaGraphConditionalHandleCreate: conditional nodes are not modelled (their "
-              "bodies would depend on kernel results)");
+cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHandle* pHandle_out,
+                                             cudaGraph_t graph, unsigned int defaultLaunchValue,
+                                             unsigned int flags) {
+  Lock lock;
+  if (pHandle_out == nullptr || !liveGraph(graph, "cudaGraphConditionalHandleCreate") ||
+      (flags & ~unsigned(cudaGraphCondAssignDefault)) != 0) {
+    return fail(cudaErrorInvalidValue, "cudaGraphConditionalHandleCreate: invalid arguments");
+  }
+  const uint64_t handle = next_conditional_handle++;
+  conditionalHandles()[handle] = ConditionalHandle{graph, defaultLaunchValue, flags};
+  conditionalValues()[handle] = defaultLaunchValue;
+  *pHandle_out = handle;
+  trace("cudaGraphConditionalHandleCreate: handle %llu (default %u, flags %u)",
+        (unsigned long long)handle, defaultLaunchValue, flags);
+  return cudaSuccess;
 }
 
 cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
@@ -530,15 +688,12 @@ cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph
   if (graph->capturing)
     return fail(cudaErrorIllegalState, "cudaGraphInstantiate: the graph is being captured into");
   if (cudaError_t e = injectedFailure("cudaGraphInstantiateWithFlags")) return e;
-  auto* exec = new CUgraphExec_st();
-  auto nodes = std::make_shared<std::vector<NodeData>>();
-  nodes->reserve(graph->nodes.size());
-  for (const auto& n : graph->nodes) nodes->push_back(n->data);
-  exec->nodes = std::move(nodes);
-  for (auto& uo : graph->user_objects) {
-    uo.first->refs += uo.second;
-    exec->user_objects.push_back(uo);
+  if (graph->body_of != nullptr) {
+    return fail(cudaErrorInvalidValue,
+                "cudaGraphInstantiate: the graph is a conditional node's body");
   }
+  auto* exec = new CUgraphExec_st();
+  exec->nodes = snapshot(graph, exec);
   liveExecs().insert(exec);
   stats().live_execs++;
   *pGraphExec = exec;
@@ -592,13 +747,15 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
   // value engine's computations) alive until then (found in review: a use after free).
   std::vector<std::pair<CUuserObject_st*, unsigned>> held = graphExec->user_objects;
   for (auto& uo : held) uo.first->refs += uo.second;
-  enqueue(s, "graph launch", [nodes = graphExec->nodes, held] {
-    for (const NodeData& n : *nodes) {
-      executeNode(n, "graph replay");
-      if (stickyError() != cudaSuccess) break;
-    }
-    for (const auto& uo : held) releaseUserObject(uo.first, uo.second);
-  });
+  enqueue(s, "graph launch",
+          [nodes = graphExec->nodes, held, defaults = graphExec->conditional_defaults] {
+            for (const auto& [handle, value] : defaults) setConditionalValue(handle, value);
+            for (const NodeData& n : *nodes) {
+              executeNode(n, "graph replay");
+              if (stickyError() != cudaSuccess) break;
+            }
+            for (const auto& uo : held) releaseUserObject(uo.first, uo.second);
+          });
   return cudaSuccess;
 }
 

@@ -17,7 +17,9 @@
 // limit: 48 KiB unless cudaFuncSetAttribute raised it, 227 KiB at most) and then submitted to its
 // stream: a node in a capture, otherwise work that is counted and never executed. So a kernel's
 // output keeps whatever bytes its memory held (poison, for new memory), and nothing computed on
-// the device has a value: a test that needs values needs a GPU.
+// the device has a value: a test that needs values needs a GPU. One kernel is the exception,
+// the one that sets a conditional node's handle (Note [Stand-in conditional nodes] in
+// capture.cpp).
 
 namespace standin {
 
@@ -90,6 +92,29 @@ cudaError_t launch(const char* name, dim3 grid, dim3 block, size_t shmem, cudaSt
   cudaError_t e = captureCheck(s, name, &captured);
   if (e != cudaSuccess) return e;
   launchCounts()[name]++;
+  // The kernel that sets a conditional handle, which the stand-in runs itself (Note [Stand-in
+  // conditional nodes] in capture.cpp): torch's set_conditional_handle_kernel(unsigned long long
+  // handle, const bool* pred).
+  if (params != nullptr && std::strstr(name, "set_conditional_handle_kernel") != nullptr) {
+    uint64_t handle = 0;
+    std::memcpy(&handle, params[0], sizeof(handle));
+    const void* pred = nullptr;
+    std::memcpy(&pred, params[1], sizeof(pred));
+    if (!captured) {
+      deviceFault("launch of %s outside a graph: conditional handle %llu is a graph's", name,
+                  (unsigned long long)handle);
+      return setError(stickyError());
+    }
+    NodeData n;
+    n.kind = NodeKind::kKernel;
+    n.name = name;
+    n.grid = grid;
+    n.block = block;
+    n.sets_handle = handle;
+    n.predicate = pred;
+    addCaptureNode(s, std::move(n));
+    return cudaSuccess;
+  }
   // The value mode: a kernel that no engine op computes leaves unknown values wherever its
   // pointer arguments point, each time it runs (Note [Stand-in values] in values.cpp).
   std::shared_ptr<const std::vector<std::pair<uintptr_t, size_t>>> unknown;

@@ -357,6 +357,8 @@ void poison(void* p, size_t n) {
 
 namespace {
 bool executeWork(const NodeData& n, const char* where);
+bool setHandle(const NodeData& n, const char* where);
+bool runConditional(const NodeData& n, const char* where);
 }  // namespace
 
 // A node's work, then the value engine's computation attached to it, if the work did not fault.
@@ -433,14 +435,72 @@ bool executeWork(const NodeData& n, const char* where) {
       if (n.event != nullptr) n.event->time_ms = nowMs();
       return true;
     case NodeKind::kKernel:
+      if (n.sets_handle != 0) return setHandle(n, where);
       if (n.unknown != nullptr) {
         for (const auto& r : *n.unknown) markUnknown(r.first, r.second);
       }
       return true;
     case NodeKind::kEmpty:
       return true;
+    case NodeKind::kConditional:
+      return runConditional(n, where);
   }
   return true;
+}
+
+// Note [Stand-in conditional nodes] in capture.cpp: the kernel that sets a handle from a
+// predicate's byte, run by the stand-in.
+bool setHandle(const NodeData& n, const char* where) {
+  if (!isDeviceRange(n.predicate, 1)) {
+    deviceFault("%s (%s): reads its predicate at %s, which is not allocated device memory", where,
+                n.name.c_str(), hex(n.predicate).c_str());
+    return false;
+  }
+  if (valuesEngine() && anyUnknown(reinterpret_cast<uintptr_t>(n.predicate), 1)) {
+    deviceFault(
+        "%s (%s): its predicate at %s has no known value (no value engine op computed "
+        "it), so the stand-in cannot tell which body a GPU would run",
+        where, n.name.c_str(), hex(n.predicate).c_str());
+    return false;
+  }
+  const auto* byte = static_cast<const unsigned char*>(hostView(n.predicate));
+  setConditionalValue(n.sets_handle, *byte != 0 ? 1u : 0u);
+  return true;
+}
+
+bool runConditional(const NodeData& n, const char* where) {
+  auto body = [&](size_t i) {
+    stats().conditional_runs++;
+    for (const NodeData& b : *n.body_nodes[i]) {
+      executeNode(b, where);
+      if (stickyError() != cudaSuccess) return false;
+    }
+    return true;
+  };
+  const unsigned value = conditionalValue(n.cond_handle);
+  switch (n.cond_type) {
+    case cudaGraphCondTypeIf:
+      if (value != 0) return body(0);
+      return n.body_nodes.size() < 2 || body(1);
+    case cudaGraphCondTypeWhile: {
+      int64_t k = 0;
+      while (conditionalValue(n.cond_handle) != 0) {
+        if (++k > whileLimit()) {
+          deviceFault(
+              "%s (%s): still running after %lld iterations (CUDA_STANDIN_WHILE_LIMIT): "
+              "its predicate never became false",
+              where, n.name.c_str(), (long long)whileLimit());
+          return false;
+        }
+        if (!body(0)) return false;
+      }
+      return true;
+    }
+    case cudaGraphCondTypeSwitch:
+      return value >= n.body_nodes.size() || body(value);
+    default:
+      return true;
+  }
 }
 }  // namespace
 
@@ -798,6 +858,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
     Lock lock;
     cudaError_t e = checkUnsafe("cudaMemcpy");
     if (e != cudaSuccess) return e;
+    if (isDeviceRange(dst, count) || isDeviceRange(src, count)) stats().host_waits++;
   }
   return copy2D(dst, count, src, count, count, 1, kind, nullptr, "cudaMemcpy", true);
 }

@@ -15,6 +15,8 @@
 //   Note [Stand-in driver]            driver.cpp   the driver API, virtual memory on mmap
 //   Note [Stand-in cuBLAS]            cublas.cpp   handles, workspaces and GEMMs as kernels
 //   Note [Unmodelled calls]           state.cpp    what the stand-in refuses, and how
+//   Note [Stand-in conditional nodes] capture.cpp  IF / WHILE / SWITCH nodes, their handles, the
+//                                                  kernel that sets one, their bodies' limits
 //   Note [Stand-in values]            values.cpp   the value mode: an engine (its own library)
 //                                                  computes each aten op on the host, in stream
 //                                                  order; unknown values
@@ -214,7 +216,7 @@ void invalidateAll(const std::string& why);
 // For work submitted to `s`: cudaSuccess, or the error a capture state makes it fail with.
 // `*captured` is set when the work must become a node of s's capture instead of running.
 cudaError_t captureCheck(CUstream_st* s, const char* call, bool* captured);
-enum class NodeKind { kKernel, kMemcpy, kMemset, kHost, kEventRecord, kEmpty };
+enum class NodeKind { kKernel, kMemcpy, kMemset, kHost, kEventRecord, kEmpty, kConditional };
 struct NodeData {
   NodeKind kind = NodeKind::kEmpty;
   std::string name;  // kernel name, or what made the node
@@ -245,7 +247,25 @@ struct NodeData {
   // op's kernel sits -- a conditional body, say, which takes no host node.
   cudaHostFn_t then_fn = nullptr;
   void* then_data = nullptr;
+  // A host node of the value engine's own (standin_launch_internal_host_func): allowed in a
+  // conditional body, which takes no host node of the program's.
+  bool internal = false;
+  // Note [Stand-in conditional nodes]. A kernel that sets a conditional handle: the handle, and
+  // the device byte whose value (non-zero: 1) it sets, read when the kernel runs.
+  uint64_t sets_handle = 0;
+  const void* predicate = nullptr;
+  // A conditional node: its handle, type and body graphs (the template's, owned by the node), and
+  // once instantiated the bodies' nodes.
+  uint64_t cond_handle = 0;
+  cudaGraphConditionalNodeType cond_type = cudaGraphCondTypeIf;
+  std::vector<CUgraph_st*> bodies;
+  std::vector<std::shared_ptr<const std::vector<NodeData>>> body_nodes;
 };
+// Note [Stand-in conditional nodes]: a handle's value, as the last kernel that set it left it (or
+// its default), and the limit on a WHILE node's iterations (CUDA_STANDIN_WHILE_LIMIT).
+unsigned conditionalValue(uint64_t handle);
+void setConditionalValue(uint64_t handle, unsigned value);
+int64_t whileLimit();
 // Adds a node to s's capture after its current dependencies; they become {node}.
 CUgraphNode_st* addCaptureNode(CUstream_st* s, NodeData data);
 // Runs one node's work now (a replay, or a queued op); reports faults as device faults.
@@ -296,12 +316,17 @@ struct CUgraph_st {
   std::vector<std::unique_ptr<CUgraphNode_st>> nodes;
   std::vector<std::pair<CUuserObject_st*, unsigned>> user_objects;
   bool capturing = false;
+  // A conditional node's body (Note [Stand-in conditional nodes]): owned by that node, it takes
+  // kernels, copies, memsets, empty nodes and conditional nodes only.
+  CUgraphNode_st* body_of = nullptr;
 };
 struct CUgraphExec_st {
   // In creation order, a topological order; shared with the launches still queued.
   std::shared_ptr<const std::vector<standin::NodeData>> nodes;
   std::vector<std::pair<CUuserObject_st*, unsigned>> user_objects;
   uint64_t launches = 0;
+  // The conditional handles put back to their defaults at each launch (cudaGraphCondAssignDefault).
+  std::vector<std::pair<uint64_t, unsigned>> conditional_defaults;
 };
 struct CUuserObject_st {
   void* ptr = nullptr;

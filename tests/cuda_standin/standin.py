@@ -473,6 +473,9 @@ class Stats(ctypes.Structure):
             "vmm_mapped_bytes",
             "host_nodes",
             "unknown_reads",
+            "host_waits",
+            "conditional_nodes",
+            "conditional_runs",
         )
     ]
 

@@ -34,6 +34,11 @@ typedef struct StandinStats {
   int64_t vmm_mapped_bytes;  // bytes mapped through cuMemMap now
   int64_t host_nodes;        // host nodes captured into graphs (cudaLaunchHostFunc)
   int64_t unknown_reads;     // device-to-host copies that read bytes the value mode does not know
+  int64_t host_waits;  // the host waited for the device: stream, event and device synchronisation,
+                       // a synchronous copy to or from device memory
+  int64_t
+      conditional_nodes;  // conditional nodes added to graphs (Note [Stand-in conditional nodes])
+  int64_t conditional_runs;  // bodies of conditional nodes executed (a WHILE body: each iteration)
 } StandinStats;
 
 void standin_stats(StandinStats* out);
@@ -91,6 +96,11 @@ void standin_values_note(const char* what);
 // if not (the stream is not capturing, or the op captured nothing there), and the caller makes a
 // host node instead.
 int standin_values_attach(void* stream, void (*fn)(void*), void* data);
+// The value mode's own host work as a host function on `stream` (cudaLaunchHostFunc, but allowed
+// in a conditional node's body, which takes no host node of the program's: this one stands for
+// the computation of the op's kernel, which a GPU runs inside the body).
+int standin_launch_internal_host_func(void* stream, void (*fn)(void*),
+                                      void* data);  // a cudaError_t
 
 #ifdef __cplusplus
 }
@@ -122,6 +132,6 @@ inline cudaError_t standin_submit_host_work(cudaStream_t stream, cudaHostFn_t fn
     }
     if (standin_values_attach(stream, fn, data) == 1) return cudaSuccess;
   }
-  return cudaLaunchHostFunc(stream, fn, data);
+  return static_cast<cudaError_t>(standin_launch_internal_host_func(stream, fn, data));
 }
 #endif

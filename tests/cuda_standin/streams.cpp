@@ -255,6 +255,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   cudaError_t e = checkUnsafe("cudaStreamSynchronize");
   if (e != cudaSuccess) return e;
   if ((e = injectedFailure("cudaStreamSynchronize")) != cudaSuccess) return e;
+  stats().host_waits++;
   runStream(s);
   return setError(stickyError());
 }
@@ -268,6 +269,7 @@ cudaError_t cudaDeviceSynchronize(void) {
     return fail(cudaErrorStreamCaptureUnsupported,
                 "cudaDeviceSynchronize while a stream is capturing (it waits for every stream)");
   }
+  stats().host_waits++;
   runAll();
   return setError(stickyError());
 }
@@ -289,7 +291,10 @@ cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t call
   return cudaSuccess;
 }
 
-cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
+namespace {
+// `internal`: the value engine's own host work (standin_launch_internal_host_func), allowed in a
+// conditional node's body (Note [Stand-in conditional nodes] in capture.cpp).
+cudaError_t launchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData, bool internal) {
   Lock lock;
   CUstream_st* s = resolveStream(stream, "cudaLaunchHostFunc");
   if (s == nullptr)
@@ -298,16 +303,35 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userD
   cudaError_t e = captureCheck(s, "cudaLaunchHostFunc", &captured);
   if (e != cudaSuccess) return e;
   if (captured) {
+    if (!internal && s->capture->graph->body_of != nullptr) {
+      invalidate(s->capture, "cudaLaunchHostFunc in a conditional node's body");
+      return fail(cudaErrorStreamCaptureUnsupported,
+                  "cudaLaunchHostFunc while capturing into a conditional node's body, which "
+                  "takes kernels, copies, memsets, empty and conditional nodes only");
+    }
     NodeData n;
     n.kind = NodeKind::kHost;
     n.name = "host function";
     n.fn = fn;
     n.user_data = userData;
+    n.internal = internal;
     addCaptureNode(s, std::move(n));
     return cudaSuccess;
   }
   enqueue(s, "host function", [fn, userData] { runUnlocked([&] { fn(userData); }); });
   return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
+  return launchHostFunc(stream, fn, userData, /*internal=*/false);
+}
+
+__attribute__((visibility("default"))) int standin_launch_internal_host_func(void* stream,
+                                                                             void (*fn)(void*),
+                                                                             void* data) {
+  return static_cast<int>(
+      launchHostFunc(static_cast<cudaStream_t>(stream), fn, data, /*internal=*/true));
 }
 
 // ---- events -----------------------------------------------------------------------------------
@@ -406,6 +430,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   }
   cudaError_t e = checkUnsafe("cudaEventSynchronize");
   if (e != cudaSuccess) return e;
+  stats().host_waits++;
   if (event->stream != nullptr) runUpTo(event->stream, event->seq);
   return setError(stickyError());
 }
