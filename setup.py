@@ -7,6 +7,8 @@ Environment switches (read once, printed at build time):
   GRAPHTREES_EXTRA_CFLAGS="..."   more compile and link flags (e.g. "-g", or
                     "-fsanitize=address,undefined"); each set of flags builds in its own folder
   MAX_JOBS=N        parallel compile jobs (ninja)
+  TORCH_CUDA_ARCH_LIST="9.0"      the GPU architectures of csrc/cuda/*.cu (default: the visible
+                    GPUs', or with none visible torch's own list, PTX for the newest)
 """
 
 # Note [The process's C++ runtime]
@@ -189,10 +191,21 @@ class IncrementalBuildExtension(BuildExtension):
             write_built_with(os.path.join(os.path.dirname(so_path), "_built_with.py"))
 
 
+def _default_cuda_arch_list():
+    """The architectures csrc/cuda/*.cu is compiled for when TORCH_CUDA_ARCH_LIST is not set and no
+    GPU is visible (torch's own choice, the visible cards', fails then): torch's own (its CUDA 13
+    builds': Turing to Blackwell), PTX for the newest."""
+    arches = [a[3:] for a in torch.cuda.get_arch_list() if re.fullmatch(r"sm_\d+", a)]
+    if not arches:
+        arches = ["75", "80", "86", "90", "100", "120"]
+    return ";".join(f"{a[:-1]}.{a[-1]}" for a in arches) + "+PTX"
+
+
 def get_extensions():
     sources = sorted(glob.glob(os.path.join("csrc", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     cuda_sources = sorted(glob.glob(os.path.join("csrc", "cuda", "*.cpp")))
+    cuda_sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
     with_cuda = FORCE_CUDA or (
         USE_CUDA and torch.version.cuda is not None and CUDA_HOME is not None
     )
@@ -204,6 +217,8 @@ def get_extensions():
     if with_cuda and cuda_sources:
         define_macros.append(("GRAPHTREES_WITH_CUDA", None))
         sources += cuda_sources
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST") and torch.cuda.device_count() == 0:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = _default_cuda_arch_list()
     print(
         f"graphtrees build: torch {torch.__version__} (CUDA {torch.version.cuda}), "
         f"CUDA_HOME={CUDA_HOME}, extension={'CUDAExtension' if with_cuda else 'CppExtension'}, "

@@ -75,6 +75,19 @@ bool controlFlowPredicate(const at::Tensor& pred) {
   return cpuControlFlowPredicate(pred);
 }
 
+std::string runWatchingHostReads(const std::function<void()>& run) {
+  HostSyncWatch watch;
+  if (CaptureObserver::current() == nullptr) {
+    run();
+    return std::string();
+  }
+  {
+    HostSyncWatchGuard watching(&watch);
+    run();
+  }
+  return watch.first;
+}
+
 std::string cudaConditionalUnavailable() {
 #ifdef GRAPHTREES_WITH_CUDA
   return ConditionalNodes::unavailableReason();

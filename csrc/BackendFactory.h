@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,11 @@ void noteUndispatchedAccess(const char* what);
 bool controlFlowEvent(const std::string& event, const std::vector<at::Tensor>& first,
                       const std::vector<at::Tensor>& second);
 bool controlFlowPredicate(const at::Tensor& pred);
+// Runs `run` with this thread's ops watched for host reads (.item(), nonzero, ...: Note [Rejected
+// captures] in cpu/HostSyncWatch.cpp) while a warmup or capture observes them; the first one met,
+// or "" (also when nothing observes this thread).
+std::string runWatchingHostReads(const std::function<void()>& run);
+
 // The CUDA backend's conditional nodes (Note [Conditional nodes on CUDA] in
 // cuda/ConditionalNodes.cpp): why a CUDA recording cannot hold them ("" if it can), and one step
 // of a cond's or a while_loop's capture.

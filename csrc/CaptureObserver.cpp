@@ -162,6 +162,12 @@ void CaptureObserver::attach(CaptureWatcher* w) {
   attached_ |= static_cast<uint8_t>(1u << index);
   w->observer_ = this;
   w->index_ = index;
+  // Attached inside an op (graphtrees/_control_flow.py watches an arm of a torch.cond for host
+  // reads): shown the ops that op calls from now on, as if they were top-level; not its end.
+  if (!frames_.empty()) {
+    frames_.back().descend |= static_cast<uint8_t>(1u << index);
+    frames_.back().level[index] = 0;
+  }
   const CaptureWatcher::Needs needs{registered_.inputs || w->needs_.inputs,
                                     registered_.outputs || w->needs_.outputs};
   if (!handle_ || needs.inputs != registered_.inputs || needs.outputs != registered_.outputs) {

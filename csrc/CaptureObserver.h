@@ -97,7 +97,8 @@ class CaptureWatcher {
 //     top-level ops and the ops a library op (not aten::) calls, not those of ATen's kernels
 //     (Note [Views beyond a copied input]); HostSyncWatch is not shown what _assert_async calls;
 //     the others are shown everything. A watcher attached while ops are open is shown the ops
-//     that start after it.
+//     that start after it, those the innermost open op calls included (at level 0; not that
+//     op's end).
 //   - RecordFunction switched off on the thread (torch._C._autograd._enable_record_function(
 //     False), at::enableRecordFunction(false)) is the user's choice, never overridden. Nothing is
 //     then observed, so a function is neither warmed up nor recorded while it is off: the call

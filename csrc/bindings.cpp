@@ -439,6 +439,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "recorder on this thread saw the event.");
   m.def("_control_flow_predicate", wrap_pybind_function(&controlFlowPredicate), py::arg("pred"),
         "A one-element CPU tensor read as a condition without dispatching an op.");
+  m.def(
+      "_run_watching_host_reads",
+      [](const py::function& fn, const py::tuple& args) {
+        py::object result;
+        std::string first = runWatchingHostReads([&] { result = fn(*args); });
+        return py::make_tuple(result, first);
+      },
+      py::arg("fn"), py::arg("args"),
+      "fn(*args) with this thread's host reads watched during a warmup or capture: (its result, "
+      "the first host read met or '').");
   m.def("_cuda_conditional_unavailable", &cudaConditionalUnavailable,
         "Why a CUDA recording cannot hold conditional nodes (this torch, this driver), or ''.");
   m.def("_cuda_conditional_step",

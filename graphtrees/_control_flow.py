@@ -36,10 +36,10 @@
 # [Conditional nodes on CUDA] in csrc/cuda/ConditionalNodes.cpp): the predicate is read on the
 # device at every replay, with no host sync. Which path runs is decided by the backend of the call
 # in flight (``_tree_call_device``), never by its tensors' devices. Where a conditional node
-# cannot serve -- a torch or driver without them (the reason names which), a predicate that is
-# not a CUDA boolean scalar, an arm that draws random numbers (seen in the warmup: torch refuses
-# RNG in a conditional body) -- the warmup is refused with the reason (the function runs eagerly,
-# logged once); the tree-branch form that would serve those is planned (docs/semantics.md,
+# cannot serve -- a driver without them (the reason says so), a predicate that is not a CUDA
+# boolean scalar, an arm that draws random numbers (seen in the warmup: torch refuses RNG in a
+# conditional body) -- the warmup is refused with the reason (the function runs eagerly, logged
+# once); the tree-branch form that would serve those is planned (docs/semantics.md,
 # "Data-dependent control flow").
 #
 # Running every arm is right only where no arm can be seen to differ from eager; otherwise the
@@ -95,6 +95,15 @@ def _backend_refusal(kind: str, backend: str, pred: Any, tensors: Any) -> str | 
             return (
                 f"its {kind} has a predicate that is not a boolean scalar tensor on the CUDA "
                 "device (a CPU value would be read once, when the function is recorded, and "
+                "baked into the recording)"
+            )
+        if any(
+            isinstance(t, torch.Tensor) and t.device.type != "cuda"
+            for t in pytree.tree_leaves(tensors)
+        ):
+            return (
+                f"its {kind} takes tensors that are not on the CUDA device (a CPU operand or "
+                "loop counter: work on it would run once, when the function is recorded, and be "
                 "baked into the recording)"
             )
         return None
@@ -153,7 +162,9 @@ def _rng_refusal(kind: str) -> str:
 
 class _Body:
     """One conditional node's body in the capture under way (Note [Conditional nodes on
-    CUDA]): ``step`` begins it, the block's work is captured into it, its exit ends it."""
+    CUDA]): ``step`` begins it, the block's work is captured into it, its exit ends it. When the
+    block raised, its error is the one that propagates (ending a body whose capture it
+    invalidated fails too; the capture is rejected either way)."""
 
     def __init__(self, step: str, pred: torch.Tensor):
         self._step, self._pred = step, pred
@@ -161,14 +172,36 @@ class _Body:
     def __enter__(self):
         _ext()._cuda_conditional_step(self._step, self._pred)
 
-    def __exit__(self, *exc):
-        _ext()._cuda_conditional_step("end")
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            _ext()._cuda_conditional_step("end")
+            return
+        try:
+            _ext()._cuda_conditional_step("end")
+        except Exception:  # noqa: BLE001 - the block's own error propagates
+            pass
+
+
+def _run_arm(C: Any, backend: str, fn: Any, args: Any) -> tuple[Any, str]:
+    """fn(*args) in a warmup, and on CUDA the first host read it made ('' if none): a
+    conditional node cannot hold one (the capture of its body would fail)."""
+    if backend != "cuda":
+        return fn(*args), ""
+    return C._run_watching_host_reads(fn, tuple(args))
+
+
+def _host_read_refusal(kind: str, read: str) -> str:
+    return (
+        f"an arm of its {kind} reads a tensor's value on the host, {read}, which a CUDA "
+        "conditional node cannot hold"
+    )
 
 
 def _cond_nodes(pred, true_fn, false_fn, operands):
     """A torch.cond captured as two IF nodes: the true branch's results stay in their buffers
     (clones where they alias an operand or each other); the false branch's are copied into them."""
     not_pred = torch.logical_not(pred)  # in the outer graph, before either node
+    kept = _watched(operands, (true_fn, false_fn))
     with _Body("cond", pred):
         outs_t = true_fn(*operands)
         why = _results_refusal(outs_t, outs_t)
@@ -176,7 +209,7 @@ def _cond_nodes(pred, true_fn, false_fn, operands):
             raise RuntimeError(f"graphtrees: {why}")
         leaves_t, spec = pytree.tree_flatten(outs_t)
         homes = [
-            t.clone() if _aliases(t, (operands, leaves_t[:k])) else t
+            t.clone() if _needs_home(t, k, leaves_t, true_fn, kept) else t
             for k, t in enumerate(leaves_t)
         ]
         del outs_t, leaves_t
@@ -195,6 +228,13 @@ def _cond_nodes(pred, true_fn, false_fn, operands):
     return pytree.tree_unflatten(homes, spec)
 
 
+def _unshared(outs: list, carried: Any) -> list:
+    """A loop body's results, each copied into its carried buffer in turn: a result that shares
+    memory with a carried value but is not that buffer itself (carried values swapped, a view of
+    one) is cloned first, so that no copy reads a buffer an earlier copy wrote."""
+    return [o.clone() if o is not c and _aliases(o, carried) else o for o, c in zip(outs, carried)]
+
+
 def _while_node(cond_fn, body_fn, carried_inputs, additional_inputs):
     """A torch.while_loop captured as one WHILE node: the body's results are copied into the
     carried buffers and the cond function sets the node's value for the next iteration."""
@@ -211,9 +251,7 @@ def _while_node(cond_fn, body_fn, carried_inputs, additional_inputs):
             raise RuntimeError(
                 "body_fn should return the same number of elements as carried_inputs"
             )
-        outs = [
-            o.clone() if _aliases(o, carried) and o is not c else o for o, c in zip(outs, carried)
-        ]
+        outs = _unshared(outs, carried)
         for c, o in zip(carried, outs):
             if o is not c:
                 c.copy_(o)
@@ -329,6 +367,16 @@ def _in_untaken_arm() -> bool:
     return getattr(_untaken, "depth", 0) > 0
 
 
+def _needs_home(t: torch.Tensor, k: int, leaves: list, fn: Any, kept: Any) -> bool:
+    """Whether the true branch's k-th result needs a buffer of its own, into which the false
+    branch's result is copied: it shares memory with an operand, a buffer or parameter of the
+    branch (`kept`) or an earlier result (W1). A branch that is not a graph may return a tensor it
+    closes over, which no check sees: all its results get buffers (review of issue 48)."""
+    if not isinstance(fn, torch.fx.GraphModule):
+        return True
+    return _aliases(t, (kept, leaves[:k]))
+
+
 def _aliases(t: torch.Tensor, others: Any) -> bool:
     # The StorageImpl, not data_ptr(): an address read would keep the Python replay.
     storage = t.untyped_storage()._cdata
@@ -388,6 +436,7 @@ def _cond_dense(pred, true_fn, false_fn, operands):
     homes = None
     wrote = [False, False]
     drew = False
+    host_read = ""
     for arm, fn in enumerate((true_fn, false_fn)):
         if arm == 1:
             C._control_flow_event("next_arm")
@@ -396,8 +445,9 @@ def _cond_dense(pred, true_fn, false_fn, operands):
         untaken = taken != (arm == 0)
         try:
             with _RngKept(pred, keep=untaken), _Draws(pred, backend) as draws:
-                results[arm] = fn(*operands)
+                results[arm], read = _run_arm(C, backend, fn, operands)
             drew = drew or draws.drew
+            host_read = host_read or read
         except Exception as e:
             if not untaken:
                 raise
@@ -406,12 +456,13 @@ def _cond_dense(pred, true_fn, false_fn, operands):
             failed[arm] = f"{type(e).__name__} ({(str(e).splitlines() or [''])[0][:120]})"
             continue
         if arm == 0 and _results_refusal(results[0], results[0]) is None:
-            # The results get buffers of their own where they alias an operand or each other
-            # (W1): the false branch's results are copied into them.
+            # The results get buffers of their own where they are not the branch's own (W1):
+            # the false branch's results are copied into them.
             leaves, spec = pytree.tree_flatten(results[0])
-            homes = []
-            for k, t in enumerate(leaves):
-                homes.append(t.clone() if _aliases(t, (operands, leaves[:k])) else t)
+            homes = [
+                t.clone() if _needs_home(t, k, leaves, true_fn, watched) else t
+                for k, t in enumerate(leaves)
+            ]
     wrote[1] = before != _versions(watched)
     if wrote[int(taken)]:  # arm 0 is the true branch: the untaken one is arm int(taken)
         raise RuntimeError(
@@ -427,6 +478,17 @@ def _cond_dense(pred, true_fn, false_fn, operands):
         )
     elif drew:
         why = _rng_refusal("torch.cond")
+    elif host_read:
+        why = _host_read_refusal("torch.cond", host_read)
+    elif backend == "cuda" and any(
+        isinstance(t, torch.Tensor) and t.device.type != "cuda"
+        for r in results
+        for t in pytree.tree_leaves(r)
+    ):
+        why = (
+            "a branch of its torch.cond returns a tensor that is not on the CUDA device, which "
+            "a conditional node cannot make"
+        )
     elif failed[0] is not None or failed[1] is not None:
         why = (
             f"the branch of its torch.cond that this call does not take raised "
@@ -490,7 +552,8 @@ def _while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest
     before = _versions(watched)
     carried = tuple(t.clone() for t in carried_inputs)  # the loop's own buffers
     recorded = C._control_flow_event("begin_while_loop", list(carried))
-    pred = cond_fn(*carried, *additional_inputs)
+    with _Draws(carried[0] if carried else None, backend) as cond_draws:
+        pred, cond_read = _run_arm(C, backend, cond_fn, (*carried, *additional_inputs))
     if not (isinstance(pred, torch.Tensor) and pred.dim() == 0 and pred.dtype == torch.bool):
         raise RuntimeError(f"cond_fn must return a boolean scalar tensor but got {pred}")
     if backend == "cuda" and not _device_predicate(pred):
@@ -501,10 +564,17 @@ def _while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest
     go_on = C._control_flow_predicate(pred)
     C._control_flow_event("next_arm")
     with _RngKept(pred, keep=not go_on), _Draws(pred, backend) as draws:
-        outs = list(body_fn(*carried, *additional_inputs))
+        outs, body_read = _run_arm(C, backend, body_fn, (*carried, *additional_inputs))
+        outs = list(outs)
+        if len(outs) == len(carried):
+            outs = _unshared(outs, carried)
     C._control_flow_event("end_while_loop", [pred], outs)
-    if draws.drew:
+    why = None
+    if draws.drew or cond_draws.drew:
         why = _rng_refusal("torch.while_loop")
+    elif cond_read or body_read:
+        why = _host_read_refusal("torch.while_loop", cond_read or body_read)
+    if why is not None:
         if not C._refuse_recording(why):
             raise RuntimeError(f"graphtrees: {why}; run the function eagerly")
         _log_once(f"graphtrees: a graphed function runs eagerly: {why}")
@@ -535,7 +605,7 @@ def _while_loop_dense(cond_fn, body_fn, carried_inputs, additional_inputs, *rest
             pred = cond_fn(*carried, *additional_inputs)
             if not C._control_flow_predicate(pred):
                 return carried
-            outs = list(body_fn(*carried, *additional_inputs))
+            outs = _unshared(list(body_fn(*carried, *additional_inputs)), carried)
 
 
 def install() -> None:

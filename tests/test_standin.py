@@ -418,29 +418,38 @@ def test_conditional_nodes_run_the_bodies_their_predicates_pick():
 
 
 @_CONDITIONAL_NODES
-def test_a_conditional_body_takes_no_host_function():
+@pytest.mark.parametrize(
+    "call, made",
+    [
+        ("lib.cudaLaunchHostFunc(s, callback, None)", "cudaLaunchHostFunc"),
+        ("lib.cudaEventRecordWithFlags(ev, s, 1)", "cudaEventRecordWithFlags"),  # external
+    ],
+)
+def test_a_conditional_body_takes_no_host_function_or_event_node(call, made):
     # The driver allows kernels, copies, memsets, empty and conditional nodes in a body: a host
-    # function captured there fails and invalidates the capture (in a process of its own: the
-    # failed capture leaves torch's graph half-ended).
+    # function or an external event record captured there fails and invalidates the capture (in
+    # a process of its own: the failed capture leaves torch's graph half-ended).
     out = run_process(
         "import ctypes, os, torch\n"
         "lib = ctypes.CDLL('libcudart.so.13', mode=os.RTLD_NOLOAD)\n"
         "callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: None)\n"
+        "ev = ctypes.c_void_p()\n"
+        "assert lib.cudaEventCreateWithFlags(ctypes.byref(ev), 0) == 0\n"
         "pred = torch.ones((), dtype=torch.bool, device='cuda')\n"
         "g = torch.cuda.CUDAGraph()\n"
         "try:\n"
         "    with torch.cuda.graph(g):\n"
         "        g.begin_capture_to_if_node(pred)\n"
         "        s = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)\n"
-        "        print('host function:', lib.cudaLaunchHostFunc(s, callback, None), flush=True)\n"
+        f"        print('in a body:', {call}, flush=True)\n"
         "        g.end_capture_to_conditional_node()\n"
         "except Exception as e:\n"
         "    print('raised', type(e).__name__, flush=True)\n"
         "os._exit(0)\n"
     )
-    assert "host function: 900" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "in a body: 900" in out.stdout, out.stdout + out.stderr[-2000:]
     assert "raised" in out.stdout
-    assert "cudaLaunchHostFunc while capturing into a conditional node's body" in out.stderr
+    assert f"{made}" in out.stderr and "conditional node's body" in out.stderr, out.stderr[-2000:]
 
 
 @_CONDITIONAL_NODES

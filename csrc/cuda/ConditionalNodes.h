@@ -4,6 +4,8 @@
 // CUDA] in ConditionalNodes.cpp).
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <string>
 #include <vector>
@@ -20,9 +22,20 @@ class ConditionalNodes {
   // noted), "while_loop" (a WHILE node on `pred`, noted), "set" (inside a WHILE body: sets the
   // node's value from `pred` for the next iteration) and "end" (ends the innermost body).
   static void step(const std::string& what, const at::Tensor& pred);
-  // The kinds ("cond", "while_loop") noted on this thread since the last take(), outermost and
-  // earliest first: what a finished capture holds (Graph::conditionals()).
+  // The kinds ("cond", "while_loop") noted on this thread since the last take(), in the order
+  // their nodes were begun: what a finished capture holds (Graph::conditionals()).
   static std::vector<std::string> take();
+
+  // The CUDA backend's capture of one function on this thread, into `pool` on `device`: what
+  // graphtrees' own conditional-node capture needs (a torch without one), and the end of any
+  // body the function left open.
+  class CaptureScope {
+   public:
+    CaptureScope(c10::DeviceIndex device, c10::cuda::MempoolId_t pool);
+    ~CaptureScope();
+    CaptureScope(const CaptureScope&) = delete;
+    CaptureScope& operator=(const CaptureScope&) = delete;
+  };
 };
 
 }  // namespace graphtrees

@@ -357,7 +357,9 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     try {
       DeviceCaptureScope no_frees;  // Note [Freeing during a capture] in ThreadState.h
       DeviceLock::CapturingUserCode busy(device_.index());  // Note [Locks around user code]
-      (void)ConditionalNodes::take();                       // Note [Conditional nodes on CUDA]
+      // Note [Conditional nodes on CUDA]: any body left open ends with the scope, before
+      // capture_end().
+      ConditionalNodes::CaptureScope conditionals(device_.index(), pool_);
       *outputs = run(inputs);
       if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
         // A real invalidation: querying a capturing stream is forbidden during a capture.
@@ -389,7 +391,9 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     // A capture that ended but is not kept: the graph goes, and so does the cuBLAS workspace that
     // its first GEMM on the tree's stream made inside the pool (Note [Rejected captures on CUDA]).
     auto discard_ended_capture = [&] {
-      graph.reset();
+      // Note [Conditional nodes on CUDA]: the pool references torch's bodies kept go with it.
+      destroyGraph(std::move(graph), device_.index(), pool_,
+                   CCA::getPoolUseCount(device_.index(), pool_) - uses_before);
       std::string ignored;
       collectError(&ignored, "", [] { at::cuda::clearCublasWorkspaces(); });
       refreshSegments();
@@ -427,8 +431,9 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
   at::cuda::clearCublasWorkspaces();
   refreshSegments();
   std::vector<Interval> footprint = layout().footprintSince(allocated_before, inputs, *outputs);
+  const int pool_refs = CCA::getPoolUseCount(device_.index(), pool_) - uses_before;
   return std::make_unique<CudaGraph>(std::move(graph), std::move(footprint), device_.index(),
-                                     ConditionalNodes::take());
+                                     ConditionalNodes::take(), pool_, pool_refs);
 }
 
 void CudaBackend::copyInputs(const std::vector<at::Tensor>& dst,

@@ -3,6 +3,7 @@
 #include "cuda/DeviceLock.h"
 
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <algorithm>
 #include <utility>
@@ -134,7 +135,26 @@ void TreeGraph::leaveGeneratorCaptures() {
 
 CudaGraph::~CudaGraph() {
   DeviceLock lock(device_);
-  graph_.reset();
+  destroyGraph(std::move(graph_), device_, pool_, pool_refs_);
+}
+
+void destroyGraph(std::unique_ptr<TreeGraph> graph, c10::DeviceIndex device,
+                  c10::cuda::MempoolId_t pool, int capture_refs) {
+  namespace CCA = c10::cuda::CUDACachingAllocator;
+  if (capture_refs <= 1) {  // a plain capture: its reset gives its one reference back
+    graph.reset();
+    return;
+  }
+  try {
+    const int before = CCA::getPoolUseCount(device, pool);
+    graph.reset();
+    const int after = CCA::getPoolUseCount(device, pool);
+    for (int kept = capture_refs - (before - after); kept > 0; --kept) {
+      CCA::releasePool(device, pool);
+    }
+  } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): a destructor's work
+    graph.reset();
+  }
 }
 
 void CudaGraph::replay(const RunFn& /*run*/, const std::vector<at::Tensor>& /*inputs*/,

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Generator.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -37,14 +38,18 @@ struct TreeGraph : at::cuda::CUDAGraph {
 class CudaGraph final : public Graph {
  public:
   // `conditionals`: the torch.cond / torch.while_loop it holds as conditional nodes (Note
-  // [Conditional nodes on CUDA] in ConditionalNodes.cpp).
+  // [Conditional nodes on CUDA] in ConditionalNodes.cpp). `pool_refs`: the references to `pool`
+  // its capture took (1, and more where torch's conditional-node capture kept some).
   CudaGraph(std::unique_ptr<TreeGraph> graph, std::vector<Interval> footprint,
-            c10::DeviceIndex device, std::vector<std::string> conditionals)
+            c10::DeviceIndex device, std::vector<std::string> conditionals,
+            c10::cuda::MempoolId_t pool, int pool_refs)
       : graph_(std::move(graph)),
         footprint_(std::move(footprint)),
         device_(device),
         draws_random_numbers_(graph_->drawsRandomNumbers()),
-        conditionals_(std::move(conditionals)) {}
+        conditionals_(std::move(conditionals)),
+        pool_(pool),
+        pool_refs_(pool_refs) {}
   // Destroys the graph under the device's allocation lock: ~CUDAGraph unregisters it from the
   // generators' states, which torch 2.11 does not synchronise (review 4, #11).
   ~CudaGraph() override;
@@ -68,6 +73,15 @@ class CudaGraph final : public Graph {
   c10::DeviceIndex device_;
   bool draws_random_numbers_;
   std::vector<std::string> conditionals_;
+  c10::cuda::MempoolId_t pool_;
+  int pool_refs_;
 };
+
+// Destroys `graph` (under the device's allocation lock, held by the caller) and gives back the
+// references to `pool` that its capture took (`capture_refs`) and its reset does not: torch 2.14's
+// conditional-node capture keeps two per body, which would keep the pool from ever being freed
+// (Note [Conditional nodes on CUDA]).
+void destroyGraph(std::unique_ptr<TreeGraph> graph, c10::DeviceIndex device,
+                  c10::cuda::MempoolId_t pool, int capture_refs);
 
 }  // namespace graphtrees

@@ -57,8 +57,9 @@
 // iteration), SWITCH with any number (body[value], none past the end). Bodies are filled by
 // cudaStreamBeginCaptureToGraph or by adding nodes, and take only what the driver allows there:
 // kernels, copies, memsets, empty nodes and conditional nodes -- a host node (cudaLaunchHostFunc)
-// fails with cudaErrorStreamCaptureUnsupported and invalidates the capture, as do an external
-// event record or wait, and cudaGraphAddNode of another type fails with cudaErrorInvalidValue.
+// fails with cudaErrorStreamCaptureUnsupported and invalidates the capture, as does an external
+// event record, and cudaGraphAddNode of a host node fails with cudaErrorInvalidValue (the other
+// types it could add there are not modelled at all).
 // The value engine's own host work is not the program's (it stands for the computation of the
 // op's kernel) and is allowed there (standin_launch_internal_host_func).
 // The value is set on the device by a kernel calling cudaGraphSetConditional. Kernels are never
@@ -69,7 +70,8 @@
 // value engine loaded, a predicate whose bytes no engine op computed (a Triton kernel's, say) is a
 // device fault rather than a guess; without the engine a predicate is whatever bytes memory holds
 // (poison for new memory), and a WHILE node stops with a device fault after
-// CUDA_STANDIN_WHILE_LIMIT iterations (default 1,000,000) rather than hang. Instantiation
+// CUDA_STANDIN_WHILE_LIMIT iterations (default 1,000,000) rather than hang (the node only: a loop
+// run eagerly on such a predicate, by torch or by a warmup, still does not end). Instantiation
 // snapshots the bodies with the graph; a replay runs the taken bodies' nodes in order (each
 // counted in stats()["conditional_runs"]), their value computations with them.
 

@@ -374,6 +374,13 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, uns
   cudaError_t e = captureCheck(s, "cudaEventRecord", &captured);
   if (e != cudaSuccess) return e;
   if (captured) {
+    if ((flags & cudaEventRecordExternal) && s->capture->graph->body_of != nullptr) {
+      invalidate(s->capture, "an external event record in a conditional node's body");
+      return fail(cudaErrorStreamCaptureUnsupported,
+                  "cudaEventRecordWithFlags(cudaEventRecordExternal) while capturing into a "
+                  "conditional node's body, which takes kernels, copies, memsets, empty and "
+                  "conditional nodes only");
+    }
     if (flags & cudaEventRecordExternal) {
       NodeData n;
       n.kind = NodeKind::kEventRecord;
