@@ -36,11 +36,12 @@
 # [Conditional nodes on CUDA] in csrc/cuda/ConditionalNodes.cpp): the predicate is read on the
 # device at every replay, with no host sync. Which path runs is decided by the backend of the call
 # in flight (``_tree_call_device``), never by its tensors' devices. Where a conditional node
-# cannot serve -- a driver without them (the reason says so), a predicate that is not a CUDA
-# boolean scalar, an arm that draws random numbers (seen in the warmup: torch refuses RNG in a
-# conditional body) -- the warmup is refused with the reason (the function runs eagerly, logged
-# once); the tree-branch form that would serve those is planned (docs/semantics.md,
-# "Data-dependent control flow").
+# cannot serve -- a driver without them (the reason says so), a predicate, operand or result not on
+# the CUDA device, an arm that draws random numbers or reads the host (seen in the warmup) -- the
+# warmup is refused with the reason (the function runs eagerly, logged once). Under torch.compile
+# such a cond (random numbers, no conditional nodes) never reaches this kernel inside a recording:
+# the graph is split at it and its branches recorded as tree nodes of their own (Note [Tree
+# branches] in _piecewise.py).
 #
 # Running every arm is right only where no arm can be seen to differ from eager; otherwise the
 # recording is refused and the call returns what the taken arm returned (review of issue 48):

@@ -34,7 +34,13 @@ import torch
 
 from ._ext import get_ext, has_ext
 from ._graph_checks import CHOSEN as _CHOSEN
-from ._graph_checks import fsdp2_reason, node_reasons
+from ._graph_checks import (
+    CHOSEN_FORM,
+    COND_FORMS,
+    TREE_BRANCH,
+    fsdp2_reason,
+    node_reasons,
+)
 from ._piecewise import SplittingOps, build, counted, describe, label, plan, summary
 
 _INNER = ("inductor", "aot_eager")
@@ -125,6 +131,7 @@ class _Options:
     piecewise: bool = True
     min_piece_ops: int = 3
     splitting_ops: Any = ()
+    cond_form: str = "auto"
 
     def __post_init__(self):
         if self.inner not in _INNER:
@@ -153,6 +160,10 @@ class _Options:
             object.__setattr__(self, "splitting_ops", SplittingOps.parse(self.splitting_ops))
         if self.splitting_ops.names and not self.piecewise:
             raise ValueError("graphtrees: splitting_ops needs piecewise=True")
+        if self.cond_form not in COND_FORMS:
+            raise ValueError(
+                f"graphtrees: cond_form must be one of {COND_FORMS}, got {self.cond_form!r}"
+            )
         object.__setattr__(self, "inner_options", dict(self.inner_options or {}))
         if has_ext():  # without it, the first compiled graph reports the missing build
             get_ext()._validate_options("graphtrees", self.graph_options, 1)
@@ -262,12 +273,14 @@ def _wrap(
     (Note [Piecewise graphs]). graph_reason: why the whole dynamo graph (forward and backward)
     cannot be recorded."""
     reasons, whole = (
-        ({}, graph_reason) if graph_reason else node_reasons(gm, static_idxs, opts.splitting_ops)
+        ({}, graph_reason)
+        if graph_reason
+        else node_reasons(gm, static_idxs, opts.splitting_ops, opts.cond_form)
     )
     if reasons and not whole and opts.piecewise:
         pieces = plan(gm, reasons, opts.min_piece_ops)
         _splits[name] = summary(name, pieces)
-        if any(p.recorded for p in pieces):
+        if any(p.recorded or _tree_branches(p) for p in pieces):
             return _wrap_pieces(
                 opts, compile_fn, gm, example_inputs, static_idxs, mode, name, pieces, reasons
             )
@@ -308,17 +321,65 @@ def _named(fn: Any, name: str) -> Any:
     return piece
 
 
+def _tree_branches(piece) -> list:
+    """The torch.cond nodes of a piece that take the tree-branch form (Note [Tree branches])."""
+    return [n for n in piece.nodes if n.op == "call_function" and n.meta.get(TREE_BRANCH)]
+
+
+def _graph_branches(opts, compile_fn, module, mode, name, graphed, counting=None) -> None:
+    """The branches of each torch.cond of an eager piece that takes the tree-branch form, made
+    graphtrees functions of their own (Note [Tree branches] in _piecewise.py): the piece's
+    attributes that name them are rebound to the recorded functions (the original graph keeps
+    its own). `counting`: the number (from 1) of the cond whose branches count in Note [Pending
+    backward] (one of the two runs per call), when no recorded piece does."""
+    count = 0
+    for n in module.graph.nodes:
+        if n.op != "call_function" or not n.meta.get(TREE_BRANCH):
+            continue
+        count += 1
+        operands = n.args[3]
+        inputs = [o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in operands]
+        for arg, which in ((n.args[1], "true"), (n.args[2], "false")):
+            branch = getattr(module, arg.target)
+            compiled = compile_fn(branch, inputs, [])
+            g = _graphed(opts, compiled, [], mode, f"{name}.cond{count}.{which}")
+            g._counts_pending = count == counting
+            graphed.append(g)
+
+            def run(*args, _g=g):
+                return _g(*args)
+
+            module._modules.pop(arg.target, None)
+            object.__setattr__(module, arg.target, run)
+
+
 def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, pieces, reasons):
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     example = {n: example_inputs[i] for i, n in enumerate(placeholders) if i < len(example_inputs)}
     static = {placeholders[i].name for i in static_idxs} | set(_static_aliases(gm, static_idxs))
     recorded = [i for i, p in enumerate(pieces) if p.recorded]
-    # Note [Pending backward]: the first forward piece and the last backward piece count.
-    counting = recorded[-1] if mode == _modes().BACKWARD else recorded[0]
+    # Note [Pending backward]: the first forward piece and the last backward piece count; with
+    # none recorded, the branches of the first (last) cond taking the tree-branch form.
+    backward = mode == _modes().BACKWARD
+    with_branches = [i for i, p in enumerate(pieces) if _tree_branches(p)]
+    counting = (recorded or with_branches)[-1 if backward else 0]
+    counting_cond = None
+    if not recorded:
+        counting_cond = len(_tree_branches(pieces[counting])) if backward else 1
     graphed = []
 
     def make_piece(i, piece, module):
         if not piece.recorded:
+            # Note [Tree branches] in _piecewise.py: a cond's branches recorded on their own.
+            _graph_branches(
+                opts,
+                compile_fn,
+                module,
+                mode,
+                name + label(i, len(pieces)),
+                graphed,
+                counting_cond if i == counting else None,
+            )
             # Note [Eager piece runs] in _piecewise.py: graphtrees.report() counts its runs.
             run = counted(module.forward, name + label(i, len(pieces)), piece.why_eager)
             return _named(run, f"eager_piece_{i + 1}")
@@ -332,7 +393,7 @@ def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, 
 
     top = build(gm, pieces, make_piece)
     # A split the user asked for (splitting_ops only) is news; one forced by an op is a warning.
-    chosen = all(_CHOSEN in r for r in reasons.values())
+    chosen = all(_CHOSEN in r or CHOSEN_FORM in r for r in reasons.values())
     _logger.log(logging.INFO if chosen else logging.WARNING, "%s", describe(name, pieces))
     boxed_forward = _boxed(top.forward)
     run_sparing = get_ext()._run_sparing_inputs
@@ -580,6 +641,12 @@ def compile(model: Callable | None = None, *, inner: str = "inductor", **options
             :func:`graphtrees.cudagraphify`. On the CPU backend, graphs compiled by Inductor
             replay by running them again (``cpu_replay="python"``: Inductor's CPU kernels are
             called outside the dispatcher); aot_eager graphs replay their recorded ops.
+        cond_form: "auto" (default): a torch.cond is a control step of the CPU backend's program
+            or CUDA conditional nodes, and takes the tree-branch form only where those cannot
+            serve it (on CUDA, a branch that draws random numbers or a driver without conditional
+            nodes); "tree-branch": always -- the graph is split at the cond and each branch is
+            recorded as a tree node of its own, so the pool holds the larger branch's memory
+            rather than both (Note [Tree branches] in _piecewise.py).
         inner_options: Inductor config options for the inner compiler (``torch._inductor.config``
             names, e.g. ``{"max_autotune": True}``); inner="inductor" only.
         fullgraph, dynamic, disable, mode: passed to ``torch.compile``. ``mode`` None,

@@ -223,6 +223,48 @@ def is_host_scalar(node: torch.fx.Node) -> bool:
 
 # How a reason says that the user's splitting_ops chose the op.
 CHOSEN = "splitting_ops entry"
+# Note [Tree branches] in _piecewise.py: a cond split out of the recordings, its branches recorded
+# as tree nodes of their own; the node is marked in its meta.
+TREE_BRANCH = "graphtrees_tree_branch"
+CHOSEN_FORM = "chosen by cond_form='tree-branch'"
+COND_FORMS = ("auto", "tree-branch")
+
+
+def _draws_random_numbers(gm: torch.nn.Module) -> str | None:
+    """The first op of `gm` (or of a graph nested in it) that draws random numbers, or None."""
+    seeded = torch.Tag.nondeterministic_seeded
+    for sub in gm.modules():
+        if not isinstance(sub, torch.fx.GraphModule):
+            continue
+        for n in sub.graph.nodes:
+            if n.op == "call_function" and seeded in getattr(underlying_op(n), "tags", ()):
+                return op_name(n)
+    return None
+
+
+def tree_branch_reason(gm: torch.fx.GraphModule, n: torch.fx.Node, cuda: bool, form: str):
+    """Why the torch.cond `n` of `gm` takes the tree-branch form (Note [Tree branches]), or None
+    when it stays in its recording (a CPU program step, CUDA conditional nodes)."""
+    if n.target is not torch.ops.higher_order.cond:
+        return None
+    if form == "tree-branch":
+        return f"torch.cond as a tree branch ({CHOSEN_FORM})"
+    if not cuda:
+        return None
+    from ._ext import get_ext
+
+    why = get_ext()._cuda_conditional_unavailable()
+    if why:
+        return f"torch.cond as a tree branch: no conditional node can hold it ({why})"
+    for branch in n.args[1:3]:
+        sub = getattr(gm, branch.target, None) if isinstance(branch, torch.fx.Node) else None
+        drawn = _draws_random_numbers(sub) if sub is not None else None
+        if drawn is not None:
+            return (
+                f"torch.cond as a tree branch: a branch draws random numbers ({drawn}), which a "
+                "conditional node cannot hold"
+            )
+    return None
 
 
 def _copies_to_the_host(n):
@@ -235,11 +277,15 @@ def _copies_to_the_host(n):
 
 
 def node_reasons(
-    gm: torch.fx.GraphModule, static_idxs: Sequence[int], splitting_ops: Any = None
+    gm: torch.fx.GraphModule,
+    static_idxs: Sequence[int],
+    splitting_ops: Any = None,
+    cond_form: str = "auto",
 ) -> tuple[dict[torch.fx.Node, str], str | None]:
     """Why each op of `gm` cannot be inside a recording ({node: reason}), and why the graph as a
     whole cannot be recorded even split (or None). `splitting_ops` (a SplittingOps) names ops
-    the user keeps out of recordings."""
+    the user keeps out of recordings; `cond_form` is the compile option (Note [Tree branches]):
+    a torch.cond taking the tree-branch form is marked in its meta (TREE_BRANCH)."""
     devices = {
         t.device.type
         for n in gm.graph.nodes
@@ -257,7 +303,10 @@ def node_reasons(
         name = op_name(n)
         tags = getattr(underlying_op(n), "tags", ())
         where = _where(n)
-        if splitting_ops is not None and (entry := splitting_ops.match(n)) is not None:
+        if (branch := tree_branch_reason(gm, n, cuda, cond_form)) is not None:
+            reasons[n] = f"{branch}{where}"
+            n.meta[TREE_BRANCH] = True
+        elif splitting_ops is not None and (entry := splitting_ops.match(n)) is not None:
             reasons[n] = f"{name} ({CHOSEN} {entry!r}){where}"
         elif (
             name in _DATA_DEPENDENT_OPS

@@ -60,6 +60,24 @@ from ._graph_checks import is_host_scalar, op_name, underlying_op
 # own reasons (not at mutations of eager inputs; custom_should_partition_ops only for fallback
 # kernels), after fusion; and aot_eager needs a split of its own anyway.
 #
+# Note [Tree branches]
+# A torch.cond that no recording can hold as a control step or conditional nodes -- on CUDA a
+# branch that draws random numbers (torch refuses them in a conditional body) or a driver without
+# conditional nodes, or any cond when the user asks for it with ``cond_form="tree-branch"``
+# (_graph_checks.tree_branch_reason) -- takes the tree-branch form: the graph is split around
+# the cond like around any op that cannot be recorded, so the part before it is a recorded piece
+# (a tree node) and the cond runs in an eager piece, where torch's own cond reads the predicate
+# on the host (the one sync a user sees; the split is logged once). Its two branches are not run
+# eagerly: each is compiled and made a graphtrees function of its own (``graph0.forward[2/3].
+# cond1.true`` and ``.false``, _dynamo_backend._graph_branches), so the branch a call takes is
+# recorded the first time it runs and replayed after, as a child of the piece before -- the two
+# branches are siblings, g1 -> g2 / g1 -> g3, whose memory the pool shares through the parent's
+# checkpoint: it holds the larger branch's, not both. The piece after the cond is a child of
+# whichever branch ran. In training the backward's cond is split the same way, under the
+# forward's branch. Only a graph can be split: a function that graphtrees records whole
+# (cudagraphify) keeps its cond as a control step or conditional nodes, or runs eagerly with the
+# reason where neither can serve.
+#
 # A graph that no cut can help (FSDP2's unsharded parameters, a mutation that no op of the graph
 # can be blamed for, or no piece left with ``min_piece_ops`` ops) still runs eagerly whole, with
 # its reason logged; only that raises under ``strict=True``.

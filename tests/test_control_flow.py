@@ -705,3 +705,117 @@ def test_freeing_a_tree_with_conditional_nodes_frees_its_pool():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         assert torch.cuda.memory_reserved() == baseline
+
+
+# The tree-branch form (Note [Tree branches] in graphtrees/_piecewise.py).
+
+
+def _tree_branch_backend(**options):
+    return graphtrees.make_backend(inner="aot_eager", cond_form="tree-branch", **options)
+
+
+def test_tree_branch_form_records_each_branch_as_a_sibling_in_one_pool(device):
+    torch._dynamo.reset()
+    width = 1 << 16  # each branch's intermediates: 64 x 256 KiB = 16 MiB, well past a segment
+
+    def big(t):
+        tmp = torch.cat([t] * 64).reshape(64, -1)
+        return (tmp * tmp).sum(0) * 2 + 1
+
+    def other(t):
+        tmp = torch.cat([t] * 64).reshape(64, -1)
+        return (tmp + tmp).mean(0) - 1
+
+    def f(x):
+        y = x * 2 + 1
+        z = torch.cond(y.sum() > 0, big, other, (y,))
+        return z.relu() + 1
+
+    compiled = torch.compile(f, backend=_tree_branch_backend())
+    x = torch.rand(width, device=device) + 0.1
+    reserved = []
+    for k in range(6):
+        mark_step_begin()
+        arg = x if k % 2 == 0 else -x
+        assert_close(compiled(arg), f(arg))
+        reserved.append(info(device)["pool"]["reserved_bytes"])
+    t = info(device)
+    nodes = {n["function"]: n for n in t["nodes"]}
+    true = next(n for name, n in nodes.items() if name.endswith(".cond1.true"))
+    false = next(n for name, n in nodes.items() if name.endswith(".cond1.false"))
+    assert true["parent"] == false["parent"] is not None  # siblings under the piece before
+    assert true["replays"] > 0 and false["replays"] > 0
+    # The second branch reused the first one's memory through the checkpoint: the pool holds
+    # the larger branch's, not the sum of both (each needs more than 16 MiB).
+    assert min(true["pool_bytes"], false["pool_bytes"]) > 16 << 20
+    both = true["pool_bytes"] + false["pool_bytes"]
+    assert max(true["pool_bytes"], false["pool_bytes"]) <= reserved[-1] < both, (reserved, both)
+    assert reserved[-1] == reserved[3]  # nothing grew once both branches were recorded
+    assert_invariants(device)
+
+
+def test_tree_branch_form_in_a_training_step_with_backward(device):
+    torch._dynamo.reset()
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+            self.b = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.a(x)
+            return torch.cond(h.sum() > 0, lambda t: self.b(t).relu(), lambda t: t.tanh(), (h,))
+
+    torch.manual_seed(0)
+    model = Model().to(device)
+    reference = Model().to(device)
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend=_tree_branch_backend())
+    with torch.enable_grad():
+        for k in range(6):
+            x = torch.randn(4, 8, device=device) * (1 if k % 2 else -1) + (2 if k % 2 else -2)
+            mark_step_begin()
+            compiled(x).sum().backward()
+            reference(x).sum().backward()
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert_close(p.grad, q.grad)
+    names = [n["function"] for n in info(device)["nodes"]]
+    for part in ("forward", "backward"):
+        for which in ("true", "false"):
+            assert any(part in n and n.endswith(f".cond1.{which}") for n in names), names
+    assert info(device)["num_replays"] > 0
+
+
+@pytest.mark.needs_cuda
+def test_a_branch_that_draws_random_numbers_takes_the_tree_branch_form_on_cuda():
+    # A conditional node cannot hold random numbers: under torch.compile such a cond is split out
+    # and its branches recorded as tree nodes (rand_like(t) * 0 draws without changing a value).
+    device = "cuda"
+    torch._dynamo.reset()
+
+    def f(x):
+        return (
+            torch.cond(
+                x.sum() > 0,
+                lambda t: t * 2 + torch.rand_like(t) * 0,
+                lambda t: t - 1,
+                (x * 1.5,),
+            )
+            + 1
+        )
+
+    compiled = torch.compile(f, backend=graphtrees.make_backend(inner="aot_eager"))
+    for k in range(6):
+        mark_step_begin()
+        x = torch.full((8,), 1.0 if k % 2 == 0 else -1.0, device=device) * (k + 1)
+        assert_close(compiled(x), f(x))
+    names = [n["function"] for n in info(device)["nodes"]]
+    assert any(n.endswith(".cond1.true") for n in names), names
+    assert any(n.endswith(".cond1.false") for n in names), names
+    assert info(device)["num_replays"] > 0
+
+
+def test_cond_form_is_checked():
+    with pytest.raises(ValueError, match="cond_form"):
+        graphtrees.make_backend(cond_form="branches")

@@ -55,9 +55,15 @@ cudaError_t launchSetConditional(cudaGraphConditionalHandle handle, const bool* 
 //      (releasePool): the capture holds the pool already.
 // Otherwise (a driver older than CUDA 12.4, which has no WHILE nodes) unavailableReason() says
 // why, and a torch.cond in a CUDA recording runs eagerly with that reason. A body may not hold what
-// a conditional node refuses (host functions, events, memory-allocation nodes; _control_flow.py
-// refuses an arm that draws random numbers, seen in the warmup: torch refuses RNG in a conditional
-// body); CUDA refuses the rest during the capture, which graphtrees rejects with its message.
+// a conditional node refuses (host functions, events, memory-allocation nodes). _control_flow.py
+// refuses, from what the warmup saw, an arm that draws random numbers (torch refuses RNG in a
+// conditional body) or reads the host (.item(): a sync invalidates the body's capture); CUDA
+// refuses the rest during the capture. A body whose capture failed is ended whatever state
+// torch's CUDAGraph is in (abandonBody), so that the process stays usable and the recording is
+// rejected with CUDA's message. torch 2.14's capture keeps two references to the pool per body
+// that the graph's reset does not give back; the CUDA backend counts the references a capture
+// took and gives back, when the graph goes, those its reset kept (destroyGraph in CudaGraph.h),
+// so that graphtrees.reset() frees the pool.
 
 namespace {
 

@@ -63,8 +63,9 @@
 // The value engine's own host work is not the program's (it stands for the computation of the
 // op's kernel) and is allowed there (standin_launch_internal_host_func).
 // The value is set on the device by a kernel calling cudaGraphSetConditional. Kernels are never
-// run here, so the one such kernel the stand-in knows, torch's `set_conditional_handle_kernel
-// (unsigned long long handle, const bool* pred)` (aten/src/ATen/cuda/CUDAGraph.cu), is executed
+// run here, so the one such kernel the stand-in knows -- any kernel named
+// `set_conditional_handle_kernel(unsigned long long handle, const bool* pred)`: torch's
+// (aten/src/ATen/cuda/CUDAGraph.cu) and graphtrees' (csrc/cuda/SetConditional.cu) -- is executed
 // by the stand-in when it runs: it reads the predicate's byte from device memory and sets the
 // value to 0 or 1. Run outside a graph it is a device fault (the handle is a graph's). With the
 // value engine loaded, a predicate whose bytes no engine op computed (a Triton kernel's, say) is a
