@@ -10,14 +10,14 @@ both branches run), then a few more; the loop makes N calls. Variants, in micros
 * with `--while-loop`, a torch.while_loop whose trip count changes per call instead.
 
     python benchmarks/bench_control_flow.py --device cpu
-    python tests/cuda_standin/standin.py run -- env GRAPHTREES_CUDA=1 \\
-        python benchmarks/bench_control_flow.py --device cuda        # CUDA stand-in
+    python tests/cuda_standin/standin.py run -- env GRAPHTREES_CUDA=1 CUDA_STANDIN_VALUES=0 \\
+        python benchmarks/bench_control_flow.py --device cuda        # CUDA stand-in: host cost
     GRAPHTREES_CUDA=1 python benchmarks/bench_control_flow.py --device cuda  # on a GPU
 
-On the CUDA stand-in (a fake CUDA runtime, not a GPU) kernels are not executed: the figures are
-host cost per call, and the stand-in runs without its value mode (its values would cost more than
-the work); each call's predicate is then whatever bytes memory holds, so the loop variant is
-skipped there. Results say which device, machine and torch they were taken with; every variant is
+On the CUDA stand-in (a fake CUDA runtime, not a GPU) kernels are not executed: with
+CUDA_STANDIN_VALUES=0 the figures are host cost per call; each call's predicate is then whatever
+bytes memory holds, so the loop variant needs the value mode (`standin.py run`'s default), whose
+host-computed values dominate its figures (the header says which mode ran). Results say which device, machine and torch they were taken with; every variant is
 checked against eager before it is timed (not on the stand-in without values).
 """
 
@@ -132,7 +132,11 @@ def main():
         results["graphtrees"].append(timed(g, calls, args.device, sync))
     replays = graphtrees.tree_info(args.device)["num_replays"] - replays_before
     where = (
-        "CUDA stand-in (kernels not executed: host cost)"
+        (
+            "CUDA stand-in (values computed on the host by its value engine)"
+            if values
+            else "CUDA stand-in (kernels not executed: host cost)"
+        )
         if standin is not None
         else torch.cuda.get_device_name()
         if args.device == "cuda"

@@ -123,8 +123,9 @@ class Graph {
   virtual bool replaysProgram() const { return false; }
   // The control steps its replay decides itself, outermost first, as "kind:form": kind "cond" or
   // "while_loop"; form "program-branch" / "program-loop" (a CPU program's step, Note [Control
-  // steps of a program] in cpu/OpProgram.h) or "conditional-node" (Note [Conditional nodes on
-  // CUDA] in cuda/ConditionalNodes.cpp).
+  // steps of a program] in cpu/OpProgram.h), "python-replay" (the same, in a CPU graph that
+  // replays its Python code) or "conditional-node" (Note [Conditional nodes on CUDA] in
+  // cuda/ConditionalNodes.cpp).
   virtual std::vector<std::string> conditionals() const { return {}; }
   // Runs `eager` (the function, eagerly, on `eager_inputs`: copies of a replay's inputs) and
   // names the first recorded op whose non-tensor argument the eager run passes differently (a

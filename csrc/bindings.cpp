@@ -436,7 +436,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_control_flow_event", wrap_pybind_function(&controlFlowEvent), py::arg("event"),
         py::arg("first") = std::vector<at::Tensor>(), py::arg("second") = std::vector<at::Tensor>(),
         "Note [Control flow in a recording] (graphtrees/_control_flow.py): True iff a CPU program "
-        "recorder on this thread saw the event.");
+        "recorder on this thread saw the event ('generators_taken': iff an op took a generator).");
   m.def("_control_flow_predicate", wrap_pybind_function(&controlFlowPredicate), py::arg("pred"),
         "A one-element CPU tensor read as a condition without dispatching an op.");
   m.def(

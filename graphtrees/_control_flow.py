@@ -93,11 +93,7 @@ def _backend_refusal(kind: str, backend: str, pred: Any, tensors: Any) -> str | 
                 f"conditional nodes, and {why}"
             )
         if pred is not None and not _device_predicate(pred):
-            return (
-                f"its {kind} has a predicate that is not a boolean scalar tensor on the CUDA "
-                "device (a CPU value would be read once, when the function is recorded, and "
-                "baked into the recording)"
-            )
+            return f"its {kind} has a predicate {_predicate_refusal(pred)}"
         if any(
             isinstance(t, torch.Tensor) and t.device.type != "cuda"
             for t in pytree.tree_leaves(tensors)
@@ -128,6 +124,21 @@ def _device_predicate(pred: Any) -> bool:
     )
 
 
+def _predicate_refusal(pred: Any) -> str:
+    """Why `pred` cannot set a CUDA conditional node's handle (review of issue 48)."""
+    if not isinstance(pred, torch.Tensor) or pred.device.type != "cuda":
+        where = pred.device.type if isinstance(pred, torch.Tensor) else type(pred).__name__
+        return (
+            f"on the {where}, not on the CUDA device (its value would be read once, when the "
+            "function is recorded, and baked into the recording)"
+        )
+    return (
+        f"of dtype {pred.dtype} and shape {list(pred.shape)}, where a CUDA conditional node "
+        "needs a boolean scalar tensor (write the predicate as one, e.g. `(x.sum() > 0)` rather "
+        "than `x.sum(0, keepdim=True) > 0` or `(...).long()`)"
+    )
+
+
 def _capturing(backend: str) -> bool:
     """Whether a CUDA recording is capturing now (not a warmup): its control flow becomes
     conditional nodes."""
@@ -135,8 +146,9 @@ def _capturing(backend: str) -> bool:
 
 
 class _Draws:
-    """Whether the arm run inside drew random numbers from the CUDA device's default generator,
-    which a conditional node cannot hold (torch refuses RNG in a conditional body)."""
+    """Whether the arm run inside drew random numbers from the CUDA device's default generator
+    or took a generator of its own (a user's torch.Generator), which a conditional node cannot
+    hold (torch refuses RNG in a conditional body)."""
 
     def __init__(self, on: Any, backend: str):
         self._gen = None
@@ -147,11 +159,13 @@ class _Draws:
     def __enter__(self):
         if self._gen is not None:
             self._offset = self._gen.get_offset()
+            _ext()._control_flow_event("watch_generators")
         return self
 
     def __exit__(self, *exc):
-        if self._gen is not None and self._gen.get_offset() != self._offset:
-            self.drew = True
+        if self._gen is not None:
+            taken = _ext()._control_flow_event("generators_taken")
+            self.drew = taken or self._gen.get_offset() != self._offset
 
 
 def _rng_refusal(kind: str) -> str:

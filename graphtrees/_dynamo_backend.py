@@ -326,12 +326,13 @@ def _tree_branches(piece) -> list:
     return [n for n in piece.nodes if n.op == "call_function" and n.meta.get(TREE_BRANCH)]
 
 
-def _graph_branches(opts, compile_fn, module, mode, name, graphed, counting=None) -> None:
+def _graph_branches(opts, compile_fn, module, mode, name, graphed, counting, static) -> None:
     """The branches of each torch.cond of an eager piece that takes the tree-branch form, made
     graphtrees functions of their own (Note [Tree branches] in _piecewise.py): the piece's
     attributes that name them are rebound to the recorded functions (the original graph keeps
     its own). `counting`: the number (from 1) of the cond whose branches count in Note [Pending
-    backward] (one of the two runs per call), when no recorded piece does."""
+    backward] (one of the two runs per call), when no recorded piece does. `static`: the names of
+    the graph's static inputs (parameters, buffers), used in place by the branches too."""
     count = 0
     for n in module.graph.nodes:
         if n.op != "call_function" or not n.meta.get(TREE_BRANCH):
@@ -339,10 +340,15 @@ def _graph_branches(opts, compile_fn, module, mode, name, graphed, counting=None
         count += 1
         operands = n.args[3]
         inputs = [o.meta.get("val") if isinstance(o, torch.fx.Node) else o for o in operands]
+        kept = [
+            k
+            for k, o in enumerate(operands)
+            if isinstance(o, torch.fx.Node) and o.op == "placeholder" and o.name in static
+        ]
         for arg, which in ((n.args[1], "true"), (n.args[2], "false")):
             branch = getattr(module, arg.target)
-            compiled = compile_fn(branch, inputs, [])
-            g = _graphed(opts, compiled, [], mode, f"{name}.cond{count}.{which}")
+            compiled = compile_fn(branch, inputs, kept)
+            g = _graphed(opts, compiled, kept, mode, f"{name}.cond{count}.{which}")
             g._counts_pending = count == counting
             graphed.append(g)
 
@@ -379,6 +385,7 @@ def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, 
                 name + label(i, len(pieces)),
                 graphed,
                 counting_cond if i == counting else None,
+                static,
             )
             # Note [Eager piece runs] in _piecewise.py: graphtrees.report() counts its runs.
             run = counted(module.forward, name + label(i, len(pieces)), piece.why_eager)
@@ -410,9 +417,13 @@ def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, 
     return boxed
 
 
-def _holds_control_flow(gm: torch.fx.GraphModule) -> bool:
-    """Whether the graph calls torch.cond or torch.while_loop."""
-    ops = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
+def _holds_control_flow(gm: torch.fx.GraphModule, cond_form: str = "auto") -> bool:
+    """Whether the graph calls torch.cond or torch.while_loop that a recording would hold: with
+    cond_form="tree-branch" its conds run between pieces (Note [Tree branches] in _piecewise.py),
+    and only a while_loop counts."""
+    ops = (torch.ops.higher_order.while_loop,)
+    if cond_form != "tree-branch":
+        ops += (torch.ops.higher_order.cond,)
     return any(n.op == "call_function" and n.target in ops for n in gm.graph.nodes)
 
 
@@ -554,7 +565,7 @@ def make_backend(**options) -> Callable:
                         meta.bw_donated_idxs = donated
 
             name = f"{graph}.{mode_name(mode)}"
-            if _holds_control_flow(aot_gm) and _records_control_flow(aot_inputs):
+            if _holds_control_flow(aot_gm, opts.cond_form) and _records_control_flow(aot_inputs):
                 # Inductor reads a cond's predicate on the host (.item() in its wrapper code):
                 # the graph runs as traced, so that the cond reaches graphtrees' kernel (Note
                 # [Control flow in a recording] in _control_flow.py): a program step on the CPU,

@@ -54,9 +54,19 @@ class _StateWrites(TorchDispatchMode):
         self._arguments = {_storage_key(t) for t in arguments}
         self._made: set[int] = set()
         self.written: dict[int, torch.Tensor] = {}
+        # torch.cond and torch.while_loop reach the mode as themselves: run as they are (a
+        # recording refuses arms that write in place; review of issue 48).
+        self.supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.cond's and torch.while_loop's wrappers compile the op: dynamo leaves the mode be.
+        return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
         schema = func._schema
         for i, arg in enumerate(schema.arguments):
             if arg.alias_info is None or not arg.alias_info.is_write:

@@ -15,10 +15,11 @@
 # -fsanitize=address,undefined against torch 2.11.0 (2.14.1 when 2.11 is skipped), running the
 # tree's tests (CUDA ones on the stand-in without its value mode, CPU ones too) with 0 findings
 # allowed; the host cost per compiled call on the stand-in against PyTorch's trees
-# (benchmarks/bench_standin.py, without the value mode: it measures graphtrees' own cost); and,
-# beside the torch 2.11 CPU files, the ThreadSanitizer stage: the extension built with
-# -fsanitize=thread against torch 2.14.1, running the tests that start threads (CPU and stand-in)
-# with 0 reports allowed in graphtrees' own code (scripts/tsan.supp: what is suppressed, and why).
+# (benchmarks/bench_standin.py, without the value mode: it measures graphtrees' own cost); and
+# the ThreadSanitizer stage: the extension built with -fsanitize=thread against torch 2.14.1
+# (after the sanitizer stage), running the tests that start threads (CPU and stand-in; beside the
+# torch 2.11 CPU files) with 0 reports allowed in graphtrees' own code (scripts/tsan.supp: what is
+# suppressed, and why). torch 2.11.0 is installed beside the torch 2.14.1 build.
 #   GRAPHTREES_SKIP_TORCH211=1   only torch 2.14.1
 #   GRAPHTREES_FULL_TORCH211=1   the whole CPU suite on torch 2.11 too (not only its API-facing files)
 #   GRAPHTREES_SKIP_STANDIN=1    no CUDA stand-in stages
@@ -166,7 +167,9 @@ add_standin_env() {
 # tests under it: the CUDA ones on the stand-in (the seed story, the CUDA backend, the tree's
 # behaviour, hardening, memory) and the same files' CPU cases, with AddressSanitizer's runtime
 # preloaded first. Any report (written to files, also from the tests' subprocesses) fails it.
-SAN_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+# -O1 -g1, as AddressSanitizer's documentation advises: line tables for the reports, and about
+# half the compile time of the default -O2 -g.
+SAN_FLAGS="-fsanitize=address,undefined -O1 -g1 -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 SAN_TESTS=(tests/test_seed_story.py tests/test_cuda.py tests/test_tree_behaviour.py
   tests/test_hardening.py tests/test_memory.py)
 sanitizer_stage() {
@@ -222,7 +225,7 @@ sanitizer_stage() {
   return $rc
 }
 
-# tsan_stage PYTHON LABEL: the ThreadSanitizer stage. A copy of the sources (build/tsan-src, its
+# The ThreadSanitizer stage. A copy of the sources (build/tsan-src, its
 # build folder kept between runs) built in place with -fsanitize=thread (-O1 -g1: line tables for
 # the reports, about half the compile time of the default -O2 -g), then the tests that start
 # threads under it, their CPU cases and their CUDA ones on the stand-in (without its value mode),
@@ -246,22 +249,31 @@ TSAN_TESTS=(tests/test_threads.py tests/test_locks.py
   tests/test_observer.py::test_the_shared_fork_slot_forgets_a_fork_once_its_observers_are_gone
   tests/test_cpu_backend.py::test_routing_is_confined_to_the_calling_thread
   tests/test_streams.py::test_a_blocking_stream_capturing_in_another_thread_is_left_alone)
-tsan_stage() {
-  local python=$1 label=$2 src=$ROOT/build/tsan-src t rc=0
+# tsan_build PYTHON LABEL [JOBS] builds it (TSAN_BUILT=1 once built), tsan_tests PYTHON LABEL
+# runs its tests: the build fills lane A's time left after the sanitizer stage, the tests run in
+# a lane beside the torch 2.11 CPU files.
+TSAN_BUILT=0
+tsan_build() {
+  local python=$1 label=$2 t
   if [[ ${GRAPHTREES_SKIP_TSAN:-0} == 1 ]]; then
     echo "[run_tests] GRAPHTREES_SKIP_TSAN=1: the ThreadSanitizer stage is skipped"
     return 0
   fi
-  local tsan
-  tsan=$(sanitizer_runtime libtsan.so)
-  if [[ -z $tsan ]]; then
+  if [[ -z $(sanitizer_runtime libtsan.so) ]]; then
     echo "[run_tests] the ThreadSanitizer stage is skipped: the compiler has no libtsan.so"
     return 0
   fi
   t=$(date +%s)
-  instrumented_build "$src" "$python" "$label" "$TSAN_FLAGS" __tsan_func_entry "a ThreadSanitizer" \
-    "${TSAN_JOBS:-}" || return 1
+  instrumented_build "$ROOT/build/tsan-src" "$python" "$label" "$TSAN_FLAGS" __tsan_func_entry \
+    "a ThreadSanitizer" "${3:-}" || return 1
   stamp "ThreadSanitizer build ($label)" "$t"
+  TSAN_BUILT=1
+}
+tsan_tests() {
+  local python=$1 label=$2 src=$ROOT/build/tsan-src t rc=0
+  [[ $TSAN_BUILT == 1 ]] || return 0
+  local tsan
+  tsan=$(sanitizer_runtime libtsan.so)
   t=$(date +%s)
   local reports=$src/build/tsan-reports
   rm -rf "$reports" && mkdir -p "$reports"
@@ -308,22 +320,33 @@ t=$(date +%s)
 "$PY" -m pip install torch==2.14.1 torchvision==0.29.1 "${DEPS[@]}"
 graphviz_install
 stamp "install (torch 2.14.1)" "$t"
+
+# torch 2.11.0 is installed before the suite runs (the sanitizer stage builds against it), in a
+# lane beside the torch 2.14.1 build: the one mostly waits on the network and the disk, the
+# other on the compiler.
+VENV=$ROOT/.venv-torch211
+install_211() {
+  local t
+  t=$(date +%s)
+  [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install torch==2.11.0 torchvision==0.26.0 "${DEPS[@]}"
+  stamp "install (torch 2.11.0, beside the build)" "$t"
+}
+if [[ ${GRAPHTREES_SKIP_TORCH211:-0} != 1 ]]; then
+  echo "[run_tests] beside the torch 2.14.1 build: the torch 2.11.0 install (logged below when done)"
+  lane_start install_211
+fi
 t=$(date +%s)
 echo "[run_tests] building graphtrees against torch 2.14.1 (build/temp-torch2.14.1*: only what changed)"
 "$PY" -m pip install --no-build-isolation --no-deps -e .
 "$PY" -c "import graphtrees._ext as e; print('[run_tests] backends compiled in:', e.get_ext().backends)"
 stamp "build (torch 2.14.1)" "$t"
 standin_build
+lane_wait || exit 1
 
-# torch 2.11.0 is installed now, before the suite runs: the sanitizer stage builds against it.
-VENV=$ROOT/.venv-torch211
 SAN_PY=$PY
 SAN_LABEL="torch 2.14.1"
 if [[ ${GRAPHTREES_SKIP_TORCH211:-0} != 1 ]]; then
-  t=$(date +%s)
-  [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install torch==2.11.0 torchvision==0.26.0 "${DEPS[@]}"
-  stamp "install (torch 2.11.0)" "$t"
   if [[ ${#STANDIN_ENV[@]} -gt 0 && ${CUDA_STANDIN_VALUES:-1} != 0 ]]; then
     # The stand-in's value engine for torch 2.11 (a torch extension: one per torch), built here
     # so that its time is printed and a failure stops the run instead of turning the mode off.
@@ -411,21 +434,28 @@ cpu_rc=0
 stamp "tests (torch 2.14.1)" "$t"
 san_rc=0
 sanitizer_stage "$SAN_PY" "$SAN_LABEL" || san_rc=$?
+# The ThreadSanitizer build (torch 2.14.1) in what is left of lane A's time: one file at a time
+# while lane B still runs (it keeps one core busy), both cores once it is done.
+tsan_rc=0
+tsan_jobs=2
+if [[ -n $LANE_PID ]] && kill -0 "$LANE_PID" 2> /dev/null; then tsan_jobs=1; fi
+tsan_build "$PY" "torch 2.14.1" "${TSAN_JOBS:-$tsan_jobs}" || tsan_rc=$?
 lane_wait || exit 1
 [[ $cpu_rc == 0 ]] || exit $cpu_rc
 [[ $san_rc == 0 ]] || exit $san_rc
+[[ $tsan_rc == 0 ]] || exit $tsan_rc
 host_cost || exit 1
 if [[ ${GRAPHTREES_SKIP_TORCH211:-0} == 1 ]]; then
-  tsan_stage "$PY" "torch 2.14.1" || exit 1
+  tsan_tests "$PY" "torch 2.14.1" || exit 1
   host_instructions || exit 1
   echo "[run_tests] GRAPHTREES_SKIP_TORCH211=1: the torch 2.11 stages were skipped"
   stamp "all stages" "$t_all"
   exit 0
 fi
-# The ThreadSanitizer stage (torch 2.14.1) in a lane beside the torch 2.11 CPU files, which keep
-# one core busy: its build compiles one file at a time (TSAN_JOBS=1) on the other.
-echo "[run_tests] beside the torch 2.11 CPU files: the ThreadSanitizer stage (logged below when done)"
-TSAN_JOBS=${TSAN_JOBS:-1} lane_start tsan_stage "$PY" "torch 2.14.1"
+# The ThreadSanitizer tests (torch 2.14.1, built in lane A) in a lane beside the torch 2.11 CPU
+# files: each keeps about one core busy.
+echo "[run_tests] beside the torch 2.11 CPU files: the ThreadSanitizer tests (logged below when done)"
+lane_start tsan_tests "$PY" "torch 2.14.1"
 
 # On torch 2.11 the CPU suite's files that touch what differs between the two torches (the
 # extension's symbols and stubs, dynamo and AOTAutograd, piecewise splitting, the CPU program
@@ -435,7 +465,7 @@ cd "$SRC"
 t=$(date +%s)
 TORCH211_TESTS=(tests/test_package.py tests/test_compile.py tests/test_piecewise.py
   tests/test_cpu_graphs.py tests/test_tree_behaviour.py tests/test_fidelity.py
-  tests/test_policy.py tests/test_wheel.py)
+  tests/test_policy.py tests/test_wheel.py tests/test_control_flow.py)
 [[ ${GRAPHTREES_FULL_TORCH211:-0} == 1 ]] && TORCH211_TESTS=(tests)
 cpu_rc=0
 # The wheel built here must refuse torch 2.14.1 (test_wheel.py): its site-packages.

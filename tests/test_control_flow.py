@@ -819,3 +819,139 @@ def test_a_branch_that_draws_random_numbers_takes_the_tree_branch_form_on_cuda()
 def test_cond_form_is_checked():
     with pytest.raises(ValueError, match="cond_form"):
         graphtrees.make_backend(cond_form="branches")
+
+
+# Review of issue 48 (second round): arms the recording's inputs do not take, a user's generator
+# in an untaken arm, verify=True, predicates torch accepts, and the tree-branch form's inputs.
+
+
+def test_an_untaken_arm_whose_work_bypasses_the_dispatcher_fails_the_proof():
+    # Note [Arms a recording did not run]: torch.tensor([...]) is filled by Python, not by an op.
+    # Recorded while the other arm (or no trip of the loop) is taken, its program would replay it
+    # unproven: the proof runs it too, and the node keeps the Python replay.
+    def f(x):
+        return torch.cond(
+            x.sum() > 0, lambda t: t + 1, lambda t: t * torch.tensor([5.0, 6.0] * 8), (x,)
+        )
+
+    def h(x, n):
+        def body(i, t):
+            return i + 1, t * torch.tensor([2.0, 3.0] * 8) + 1
+
+        return torch.while_loop(lambda i, t: i < n, body, (torch.zeros((), dtype=torch.long), x))
+
+    x = torch.arange(16.0) + 1
+    g = _against_eager(f, [(x,), (x,), (x * 2,), (-x,), (-x * 2,), (x,), (-x,)])
+    assert cpu_replays("cpu") == ["python"], cpu_replays("cpu")
+    assert info("cpu")["nodes"][0]["conditionals"] == [{"kind": "cond", "form": "python-replay"}]
+    graphtrees.reset()
+    n = [torch.tensor(k) for k in (0, 0, 0, 2, 3, 1)]
+    _against_eager(h, [(x, k) for k in n])
+    assert cpu_replays("cpu") == ["python"], cpu_replays("cpu")
+    del g
+
+
+def test_an_untaken_arm_drawing_from_a_users_generator_does_not_advance_it(device):
+    # The raw op takes plain callables: the arm reaches a torch.Generator of the user's through
+    # its closure. Eager never draws from it on calls taking the other arm; nor may the warmup.
+    cond = torch.ops.higher_order.cond
+    gens = [torch.Generator(device=device).manual_seed(0) for _ in range(2)]
+
+    def make(gen):
+        def f(x):
+            noisy = lambda t: (t + torch.rand(t.shape, generator=gen, device=t.device),)  # noqa
+            return cond(x.sum() > 0, noisy, lambda t: (t - 1,), (x,))[0]
+
+        return f
+
+    g, f = cudagraphify(make(gens[0])), make(gens[1])
+    x = torch.ones(4, device=device)
+    for s in (-1, -1, -1, 1, 1, -1, 1):
+        mark_step_begin()
+        assert_close(g(x * s).clone(), f(x * s))
+    assert_close(gens[0].get_state(), gens[1].get_state())
+    if _conditional_nodes(device):  # a conditional body cannot hold the draws: seen in the warmup
+        assert any("random numbers" in r for r in _eager_reason(g)), _eager_reason(g)
+
+
+def test_verify_checks_replays_of_recordings_holding_control_flow(device):
+    # verify=True runs a signature's first call under a dispatch mode: torch.cond and
+    # torch.while_loop pass through it (and dynamo, compiling their wrappers, leaves it be).
+    def f(x):
+        y = torch.cond(x.sum() > 0, lambda t: t.sin() * 2, lambda t: t.cos() - 1, (x,))
+        i0 = torch.zeros((), dtype=torch.long, device=x.device)
+        return torch.while_loop(lambda i, z: i < 3, lambda i, z: (i + 1, z * 1.5), (i0, y))[1]
+
+    g = cudagraphify(f, verify=True)
+    x = torch.arange(1.0, 9.0, device=device)
+    for s in _signs(7):
+        mark_step_begin()
+        assert_close(g(x * s), f(x * s))
+    assert not _eager_reason(g), _eager_reason(g)
+    assert info(device)["num_replays"] > 0 or not (device == "cpu" or _conditional_nodes(device))
+
+
+@pytest.mark.needs_cuda
+def test_a_predicate_a_conditional_node_cannot_read_is_named_with_its_dtype_and_shape():
+    # torch.cond takes a one-element tensor of any dtype; a CUDA conditional node's kernel reads
+    # a boolean scalar. The call runs eagerly, and the reason says what the predicate was.
+    for make, said in (
+        (lambda x: x.sum(0, keepdim=True) > 0, "torch.bool and shape [1]"),
+        (lambda x: (x.sum() > 0).long(), "torch.int64 and shape []"),
+    ):
+        graphtrees.reset()
+
+        def f(x, make=make):
+            return torch.cond(make(x), lambda t: t * 2, lambda t: t - 1, (x,))
+
+        g = cudagraphify(f)
+        for s in (1.0, -1.0, 1.0, -1.0):
+            mark_step_begin()
+            x = torch.full((4,), s, device="cuda")
+            assert_close(g(x), f(x))
+        if _conditional_nodes("cuda"):
+            assert any(said in r for r in _eager_reason(g)), _eager_reason(g)
+
+
+def test_tree_branches_use_parameters_in_place_and_keep_inductor(device):
+    # The branches' static inputs are the graph's (no copy of a weight into the pool per
+    # replay), and with cond_form="tree-branch" Inductor compiles the pieces (no cond stays in
+    # a recording for its host read to matter).
+    torch._dynamo.reset()
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64, 64) * 0.1)
+            self.pre = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            y = self.pre(x).relu()
+            return torch.cond(
+                x.sum() > 0, lambda t, w: (t @ w).sin(), lambda t, w: (t @ w.t()).cos(), (y, self.w)
+            )
+
+    m = M().to(device).requires_grad_(False)
+    compiled = torch.compile(m, backend=_tree_branch_backend())
+    x = torch.randn(4, 64, device=device)
+    for k in range(8):
+        mark_step_begin()
+        if k == 5:
+            m.w.mul_(1.5)  # an optimizer's step: used in place, so the replays see it
+        arg = x if k % 2 else -x
+        assert_close(compiled(arg), m(arg))
+    branches = [n for n in info(device)["nodes"] if ".cond1." in n["function"]]
+    # The weight is a static input ("S"), not copied ("C") into the pool on every replay.
+    kinds = sorted((n["function"][-5:], n["input_kinds"]) for n in branches)
+    assert [k for _, k in kinds] == ["SM", "SM"], kinds
+    if device == "cpu":
+        torch._dynamo.reset()
+        graphtrees.reset()
+        compiled = torch.compile(
+            m, backend=graphtrees.make_backend(inner="inductor", cond_form="tree-branch")
+        )
+        for k in range(4):
+            mark_step_begin()
+            assert_close(compiled(x if k % 2 else -x), m(x if k % 2 else -x))
+        # Inductor's CPU kernels are called outside the dispatcher: its graphs replay in Python.
+        assert set(cpu_replays("cpu")) == {"python"}, cpu_replays("cpu")

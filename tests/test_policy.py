@@ -6,6 +6,7 @@ check what graphtrees does -- nodes, counts, pool blocks -- not values). The las
 cases of PyTorch's test/inductor/test_cudagraph_trees.py with install() on.
 """
 
+import contextlib
 import logging
 import os
 import re
@@ -438,6 +439,26 @@ class TestReduceOverheadOnGraphtrees:
         assert graphtrees.tree_info("cuda")["num_nodes"] == 0
         assert any("skipping cudagraphs due to mutated inputs" in r for r in reasons), reasons
 
+    @pytest.mark.needs_kernels("the loop's predicate is computed by Inductor's Triton kernels")
+    def test_a_while_loop_runs_between_recorded_partitions(self):
+        # Issue 48: with graph_partition=True Inductor keeps a torch.while_loop out of its CUDA
+        # partitions (its loop runs in the wrapper code, the predicate read on the host): the
+        # partitions before and after it are recorded, and every trip count replays them.
+        def f(x, n):
+            i0 = torch.zeros((), dtype=torch.long, device=x.device)
+            body = lambda i, a: (i + 1, a * 2 + 1)  # noqa: E731
+            return torch.while_loop(lambda i, a: i < n, body, (i0, x.sin()))[1].relu() + 1
+
+        model = torch.compile(f, mode="reduce-overhead")
+        with torch.no_grad():
+            for k in (0, 1, 3, 2, 5, 0):
+                torch.compiler.cudagraph_mark_step_begin()
+                x, n = torch.randn(8, device="cuda"), torch.tensor(k, device="cuda")
+                assert_close(model(x, n), f(x, n))
+        info = graphtrees.tree_info("cuda")
+        assert counts(info) == dict(nodes=2, warmups=2, recordings=2, replays=8, rerecords=0)
+        assert [n[-5:] for n, _, _ in nodes(info)] == ["[1/2]", "[2/2]"]
+
     def test_reset_gives_every_pool_block_back(self):
         model = torch.compile(mlp(), mode="reduce-overhead")
         x = torch.randn(8, 16, device="cuda")
@@ -486,6 +507,41 @@ def test_uninstall_gives_new_graphs_back_to_pytorchs_trees():
     assert graphtrees.tree_info("cuda")["num_replays"] == 4
     assert pytorchs_manager() is not None
     torch._dynamo.reset()
+
+
+@needs_hook
+@pytest.mark.needs_cuda
+@pytest.mark.usefixtures("no_grad")
+@pytest.mark.parametrize("engine", ["pytorch", "graphtrees"])
+def test_a_graph_holding_a_cond_is_left_to_inductor_by_both_engines(engine):
+    # Issue 48 under install(): Inductor lowers torch.cond to a branch of its wrapper code that
+    # reads the predicate on the host, and refuses CUDA graphs for a graph holding one on the
+    # device before any policy sees the graph (torch/_inductor/lowering.py, torch 2.14): PyTorch's
+    # trees and graphtrees alike run it as Inductor compiled it, with Inductor's reason. The same
+    # cond under backend="graphtrees" is recorded (tests/test_control_flow.py).
+    def f(x):
+        y = x * 2
+        return torch.cond(y.sum() > 0, lambda a: a + 1, lambda a: a - 1, (y,)).relu()
+
+    torch._dynamo.reset()
+
+    def skips():  # torch._dynamo.reset() and compiling may replace the counters
+        return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+    before = skips()
+    got, want = [], []
+    with graphtrees.install() if engine == "graphtrees" else contextlib.nullcontext():
+        model = torch.compile(f, mode="reduce-overhead")
+        for s in (1.0, -1.0, 1.0, -1.0):
+            torch.compiler.cudagraph_mark_step_begin()
+            x = torch.full((8,), s, device="cuda")
+            got.append(model(x))
+            want.append(f(x))
+    assert skips() == before + 1
+    assert graphtrees.tree_info("cuda")["num_nodes"] == 0
+    assert pytorchs_manager() is None  # PyTorch's trees were never asked to record
+    torch._dynamo.reset()
+    assert_close(got, want)  # values on a GPU (the stand-in computes no Triton kernel)
 
 
 # ----------------------------------------------------------------------------------------------

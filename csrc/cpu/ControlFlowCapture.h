@@ -17,7 +17,10 @@ namespace graphtrees {
 //   "begin_cond" [pred] | "begin_while_loop" carried | "next_arm" | "end_cond" outs0, outs1 |
 //   "end_while_loop" [pred], body_outs -- recorded by the thread's program recorder, if any;
 //   "pause" / "resume" -- ops are neither steps nor routed into the pool in between (nested);
-//   "hold_rng" [a tensor on the device] / "restore_rng" -- the device's default generator.
+//   "hold_rng" [a tensor on the device] / "restore_rng" -- the device's default generator and
+//   those the ops in between take (Note [Generators an untaken arm draws from]).
+//   "watch_generators" / "generators_taken" -- whether the ops in between took a generator as an
+//   argument (what the second returns).
 // Returns whether a program recorder saw it.
 bool cpuControlFlowEvent(const std::string& event, const std::vector<at::Tensor>& first,
                          const std::vector<at::Tensor>& second);

@@ -149,6 +149,8 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
     GRAPHTREES_LOG(LogLevel::kInfo, "the recorded ops of '" + spec.function_name +
                                         "' replay without the completeness proof: " + unproven);
   }
+  const std::vector<std::string> controls =
+      program ? program->controlKinds() : std::vector<std::string>();
   if (program && !watch.collectives && unproven.empty()) {
     std::vector<at::Generator> generators = spec.generators;
     for (const auto& g : op_generators.generators()) generators.push_back(g);
@@ -171,7 +173,7 @@ std::unique_ptr<Graph> CpuBackend::capture(const RunFn& run, const std::vector<a
   layouts.reserve(outputs->size());
   for (const auto& t : *outputs) layouts.push_back(layoutOf(t));
   return std::make_unique<CpuGraph>(std::move(allocations), std::move(layouts), spec.function_name,
-                                    watch.collectives, std::move(program));
+                                    watch.collectives, std::move(program), controls);
 }
 
 void CpuBackend::copyInputs(const std::vector<at::Tensor>& dst,

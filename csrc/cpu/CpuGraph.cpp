@@ -40,13 +40,13 @@ std::string firstLine(const std::string& s) {
 // Runs `program` as a replay of the recording that made `recorded` runs it.
 void runOpProgram(const OpProgram& program, const std::vector<at::Tensor>& inputs,
                   const std::vector<Allocation>& recorded, const std::string& function_name,
-                  bool wait_for_frees = false) {
+                  bool wait_for_frees = false, std::vector<at::Tensor>* untaken = nullptr) {
   RouteState st = replayRoute(&recorded, &function_name);
   st.wait_for_frees = wait_for_frees;  // Note [Collective buffers]
   ReplayScope replay_scope(st.liveness);
   AutocastCacheOff no_cast_cache;  // as it ran when captured (Note [Autocast and recordings])
   RouteGuard guard(&st);
-  program.run(inputs, &st, function_name);
+  program.run(inputs, &st, function_name, untaken);
 }
 
 }  // namespace
@@ -62,13 +62,15 @@ std::vector<at::Generator> withDefaultCpuGenerator(const std::vector<at::Generat
 }
 
 CpuGraph::CpuGraph(std::vector<Allocation> allocations, std::vector<OutputLayout> outputs,
-                   std::string name, bool uses_collectives, std::unique_ptr<OpProgram> program)
+                   std::string name, bool uses_collectives, std::unique_ptr<OpProgram> program,
+                   std::vector<std::string> controls)
     : uses_collectives_(uses_collectives),
       allocations_(std::move(allocations)),
       footprint_(footprintOf(allocations_)),
       outputs_(std::move(outputs)),
       name_(std::move(name)),
-      program_(std::move(program)) {
+      program_(std::move(program)),
+      controls_(std::move(controls)) {
   for (const auto& o : outputs_) output_storages_.insert(reinterpret_cast<uintptr_t>(o.storage));
 }
 
@@ -203,6 +205,7 @@ std::string proveProgram(const OpProgram& program, const std::vector<at::Tensor>
   // uninitialised read) cannot match every time -- not even a Python-filled value that happens
   // to survive both fixed patterns (all-zero bytes from a masked write, say).
   std::mt19937_64 random_bytes(std::random_device{}());
+  std::vector<at::Tensor> untaken_first;  // Note [Arms a recording did not run] in OpProgram.h
   for (const int pattern : {0x00, 0xFF, -1}) {
     if (!why.empty()) break;
     for (const auto& iv : written) {
@@ -221,10 +224,19 @@ std::string proveProgram(const OpProgram& program, const std::vector<at::Tensor>
     }
     try {
       at_start.restore();
-      runOpProgram(program, inputs, allocations, function_name);
+      std::vector<at::Tensor> untaken;
+      runOpProgram(program, inputs, allocations, function_name, false, &untaken);
       for (size_t i = 0; why.empty() && i < outputs.size(); ++i) {
         if (!sameBytes(outputs[i], expected[i])) {
           why = "output " + std::to_string(i) + " differed from the recording's";
+        }
+      }
+      if (pattern == 0x00) untaken_first = std::move(untaken);
+      for (size_t k = 0; why.empty() && k < untaken.size(); ++k) {
+        if (k >= untaken_first.size() || !sameBytes(untaken[k], untaken_first[k])) {
+          why =
+              "a branch or loop body the recording's inputs do not take read memory no op "
+              "wrote (its results changed with the memory's contents)";
         }
       }
       for (size_t k = 0; why.empty() && k < saved.size(); ++k) {

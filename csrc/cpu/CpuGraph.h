@@ -56,9 +56,11 @@ std::vector<at::Generator> withDefaultCpuGenerator(const std::vector<at::Generat
 
 class CpuGraph final : public Graph {
  public:
-  // `program`: nullptr for the Python replay.
+  // `program`: nullptr for the Python replay. `controls`: the kinds of the control steps the
+  // recording made (OpProgram::controlKinds()), kept when the program is not.
   CpuGraph(std::vector<Allocation> allocations, std::vector<OutputLayout> outputs, std::string name,
-           bool uses_collectives, std::unique_ptr<OpProgram> program);
+           bool uses_collectives, std::unique_ptr<OpProgram> program,
+           std::vector<std::string> controls);
 
   void replay(const RunFn& run, const std::vector<at::Tensor>& inputs,
               const std::vector<int64_t>& copied,
@@ -68,10 +70,10 @@ class CpuGraph final : public Graph {
   bool replaysProgram() const override { return program_ != nullptr; }
   std::vector<std::string> conditionals() const override {
     std::vector<std::string> out;
-    if (program_) {
-      for (const auto& k : program_->controlKinds()) {
-        out.push_back(k + (k == "cond" ? ":program-branch" : ":program-loop"));
-      }
+    for (const auto& k : controls_) {
+      out.push_back(k + (!program_     ? ":python-replay"
+                         : k == "cond" ? ":program-branch"
+                                       : ":program-loop"));
     }
     return out;
   }
@@ -89,6 +91,7 @@ class CpuGraph final : public Graph {
   std::unordered_set<uintptr_t> output_storages_;
   std::string name_;
   std::unique_ptr<OpProgram> program_;
+  std::vector<std::string> controls_;
 };
 
 // The completeness proof of Note [CPU graphs]: empty if `program`, run on the capture's `inputs`

@@ -1,7 +1,9 @@
 #include "cpu/OpProgram.h"
 
+#include "RngStates.h"
 #include "cpu/RoutingAllocator.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/from_blob.h>
@@ -109,7 +111,7 @@ bool readPredicate(const at::Tensor& pred) {
 }
 
 void OpProgram::run(const std::vector<at::Tensor>& inputs, RouteState* route,
-                    const std::string& function_name) const {
+                    const std::string& function_name, std::vector<at::Tensor>* untaken) const {
   TORCH_INTERNAL_ASSERT(static_cast<int32_t>(inputs.size()) == num_inputs_);
   // A CUDA graph replays kernels, not autograd: no graph is built, no version counter moves.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -118,16 +120,16 @@ void OpProgram::run(const std::vector<at::Tensor>& inputs, RouteState* route,
   for (const auto& h : held_) values[h.first] = h.second;
   torch::jit::Stack stack;
   stack.reserve(16);
-  runSteps(steps_, values, stack, route, function_name);
+  runSteps(steps_, values, stack, route, function_name, untaken);
 }
 
 void OpProgram::runSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& values,
                          torch::jit::Stack& stack, RouteState* route,
-                         const std::string& function_name) const {
+                         const std::string& function_name, std::vector<at::Tensor>* untaken) const {
   for (size_t k = 0; k < steps.size(); ++k) {
     const Step& step = steps[k];
     if (step.control) {
-      runControl(*step.control, values, stack, route, function_name);
+      runControl(*step.control, values, stack, route, function_name, untaken);
       for (int32_t s : step.release) values[s] = at::Tensor();
       continue;
     }
@@ -159,17 +161,40 @@ void OpProgram::runSteps(const std::vector<Step>& steps, std::vector<at::Tensor>
 // Note [Control steps of a program] in OpProgram.h.
 void OpProgram::runControl(const Control& c, std::vector<at::Tensor>& values,
                            torch::jit::Stack& stack, RouteState* route,
-                           const std::string& function_name) const {
+                           const std::string& function_name,
+                           std::vector<at::Tensor>* untaken) const {
   const auto drop = [&](int arm) {
     for (int32_t s : c.drop[arm]) values[s] = at::Tensor();
   };
+  const auto arm = [&](int a) {
+    runSteps(c.arms[a], values, stack, route, function_name, untaken);
+  };
+  // Note [Arms a recording did not run]: the proof's run of an arm the call does not take.
+  const auto prove = [&](int a) {
+    if (untaken == nullptr) return;
+    RngStates held;
+    {
+      RouteSuspended outside_the_pool;  // graphtrees' copy of the state
+      held.add(at::detail::getDefaultCPUGenerator());
+    }
+    arm(a);
+    held.restore();
+    RouteSuspended outside_the_pool;
+    for (int32_t s : c.outs[a]) untaken->push_back(values[s].clone());
+    drop(a);
+    if (a == 0 && c.kind == Control::Kind::kCond) {
+      for (int32_t s : c.outs[0]) values[s] = at::Tensor();  // made in the arm (the recorder's)
+    }
+  };
   if (c.kind == Control::Kind::kCond) {
-    if (readPredicate(values[c.pred])) {
-      runSteps(c.arms[0], values, stack, route, function_name);
+    const bool taken = readPredicate(values[c.pred]);
+    prove(taken ? 1 : 0);
+    if (taken) {
+      arm(0);
       drop(0);
       return;
     }
-    runSteps(c.arms[1], values, stack, route, function_name);
+    arm(1);
     for (size_t i = 0; i < c.outs[0].size(); ++i) {
       const Home& h = c.homes[i];
       // The recording's memory for arms[0]'s result: the graph's, free until this copy (it was
@@ -181,12 +206,15 @@ void OpProgram::runControl(const Control& c, std::vector<at::Tensor>& values,
     drop(1);
     return;
   }
-  while (true) {
-    runSteps(c.arms[0], values, stack, route, function_name);
+  for (bool first = true;; first = false) {
+    arm(0);
     const bool go_on = readPredicate(values[c.pred]);
     drop(0);
-    if (!go_on) return;
-    runSteps(c.arms[1], values, stack, route, function_name);
+    if (!go_on) {
+      if (first) prove(1);
+      return;
+    }
+    arm(1);
     for (size_t i = 0; i < c.carried.size(); ++i) {
       const at::Tensor& out = values[c.outs[1][i]];
       at::Tensor& carried = values[c.carried[i]];

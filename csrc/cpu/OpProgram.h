@@ -70,6 +70,17 @@ class OpProgram {
   //     end of an iteration, as they were when recorded.
   // Slots made inside an arm are dropped inside it after their last use there, except the
   // results the step hands on (outs[0] of a cond).
+  //
+  // Note [Arms a recording did not run]
+  // A recording ran every arm (the warmup of each, Note [Control flow in a recording]), but the
+  // proof (proveProgram in cpu/CpuGraph.cpp) replays the program on the recording's inputs, which
+  // take one arm of each cond and may make no trip of a loop: an arm whose work bypassed the
+  // dispatcher (a torch.tensor([...]) constant, filled by Python) would replay unproven, and a
+  // later call taking it would read memory no op wrote. So the proof also runs, in each of its
+  // runs over memory filled with different bytes, the arm each cond does not take (before the
+  // one it takes, at the arm's recorded addresses, the default CPU generator held) and the body
+  // of a loop that makes no trip, and keeps copies of their results: results that differ from
+  // one run to the next read memory no op wrote, and the node keeps the Python replay.
   struct Home {
     void* data;
     std::vector<int64_t> sizes;
@@ -91,8 +102,10 @@ class OpProgram {
   // Runs the program on `inputs` (the call's flat inputs, placeholders substituted). `route`: the
   // replay routing (its cursor is set to each op's first recorded allocation, skipping the ones
   // Python made between ops), or nullptr.
+  // `untaken` (the proof's, Note [Arms a recording did not run]): the arms the call does not
+  // take run too, and copies of their results are appended to it.
   void run(const std::vector<at::Tensor>& inputs, RouteState* route,
-           const std::string& function_name) const;
+           const std::string& function_name, std::vector<at::Tensor>* untaken = nullptr) const;
   // The first op of this (recorded) program whose name or non-tensor argument differs from
   // `eager`'s (a trace of the same function run eagerly on copies of the same inputs), described
   // for a user; empty if none does.
@@ -105,10 +118,11 @@ class OpProgram {
  private:
   friend class ProgramRecorder;
   void runSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& values,
-                torch::jit::Stack& stack, RouteState* route,
-                const std::string& function_name) const;
+                torch::jit::Stack& stack, RouteState* route, const std::string& function_name,
+                std::vector<at::Tensor>* untaken) const;
   void runControl(const Control& c, std::vector<at::Tensor>& values, torch::jit::Stack& stack,
-                  RouteState* route, const std::string& function_name) const;
+                  RouteState* route, const std::string& function_name,
+                  std::vector<at::Tensor>* untaken) const;
   std::vector<Step> steps_;
   int32_t num_inputs_ = 0;
   int32_t num_slots_ = 0;

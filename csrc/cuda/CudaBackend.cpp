@@ -295,8 +295,6 @@ void CudaBackend::abandonCapture(std::unique_ptr<TreeGraph> graph, int uses_befo
   }
   (void)cudaGetLastError();  // the capture error is not sticky; do not leave it for others
   graph->leaveGeneratorCaptures();
-  // torch 2.11 marks a capture ended before it instantiates the graph: a graph whose
-  // instantiation failed then releases the host pool itself when it is reset (review 4, #5).
   const bool graph_releases_host_pool = graph->captureEnded();
   // Both routings end before the graph goes: their filters read the graph (review 4, #9).
   std::string ignored;
@@ -357,8 +355,7 @@ std::unique_ptr<Graph> CudaBackend::capture(const RunFn& run, const std::vector<
     try {
       DeviceCaptureScope no_frees;  // Note [Freeing during a capture] in ThreadState.h
       DeviceLock::CapturingUserCode busy(device_.index());  // Note [Locks around user code]
-      // Note [Conditional nodes on CUDA]: any body left open ends with the scope, before
-      // capture_end().
+      // Note [Conditional nodes on CUDA]: a body left open ends here, before capture_end().
       ConditionalNodes::CaptureScope conditionals(device_.index(), pool_);
       *outputs = run(inputs);
       if (consumeInjectedFailure(FailurePoint::kCaptureEnd)) {
@@ -462,14 +459,6 @@ std::shared_ptr<Checkpoint> CudaBackend::checkpoint() {
   for (const auto& seg : pool_layout.segments()) bases.push_back(seg.range.begin);
   return std::make_shared<CudaCheckpoint>(CCA::getCheckpointState(device_.index(), pool_),
                                           std::move(bases));
-}
-
-void CudaBackend::setReservedLimit(int64_t bytes) {
-  limit_.setBytes(bytes);
-}
-
-int64_t CudaBackend::refusedBytes() const {
-  return 0;  // c10's out-of-memory error does not say how much the pool lacked
 }
 
 // Note [Memory budget on CUDA]

@@ -75,8 +75,9 @@ class CudaBackend final : public Backend {
   bool checkLiveAllocations(const std::unordered_set<void*>& expected) override;
   std::vector<void*> allocatedBlocks() override;
   PoolStats stats() override;
-  void setReservedLimit(int64_t bytes) override;
-  int64_t refusedBytes() const override;
+  void setReservedLimit(int64_t bytes) override { limit_.setBytes(bytes); }
+  // c10's out-of-memory error does not say how much the pool lacked.
+  int64_t refusedBytes() const override { return 0; }
   int64_t releaseFreeSegments(const std::vector<const Checkpoint*>& keep) override;
   bool returnsSegments() const override { return false; }
   bool freeCachedMemory() override;
