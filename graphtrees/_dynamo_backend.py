@@ -419,12 +419,19 @@ def _wrap_pieces(opts, compile_fn, gm, example_inputs, static_idxs, mode, name, 
 
 def _holds_control_flow(gm: torch.fx.GraphModule, cond_form: str = "auto") -> bool:
     """Whether the graph calls torch.cond or torch.while_loop that a recording would hold: with
-    cond_form="tree-branch" its conds run between pieces (Note [Tree branches] in _piecewise.py),
-    and only a while_loop counts."""
-    ops = (torch.ops.higher_order.while_loop,)
-    if cond_form != "tree-branch":
-        ops += (torch.ops.higher_order.cond,)
-    return any(n.op == "call_function" and n.target in ops for n in gm.graph.nodes)
+    cond_form="tree-branch" its own conds run between pieces (Note [Tree branches] in
+    _piecewise.py), but a while_loop counts, and so does a cond or loop inside a branch."""
+    ops = (torch.ops.higher_order.cond, torch.ops.higher_order.while_loop)
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in ops:
+            continue
+        if cond_form != "tree-branch" or n.target is torch.ops.higher_order.while_loop:
+            return True
+        for branch in n.args[1:3]:
+            sub = getattr(gm, branch.target, None) if isinstance(branch, torch.fx.Node) else None
+            if isinstance(sub, torch.fx.GraphModule) and _holds_control_flow(sub):
+                return True
+    return False
 
 
 def _records_control_flow(inputs: Sequence[Any]) -> bool:

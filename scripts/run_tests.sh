@@ -78,11 +78,15 @@ standin_build() {
 # logged to a file; lane_wait prints that log and fails if the job failed.
 LANE_PID=
 LANE_LOG=
-trap '[[ -z $LANE_PID ]] || kill "$LANE_PID" 2> /dev/null || true' EXIT
+# The job is a process group of its own (job control on while it starts), so that a run that
+# stops early stops what the lane started too (a pip install, a build), not only its subshell.
+trap '[[ -z $LANE_PID ]] || kill -- "-$LANE_PID" 2> /dev/null || kill "$LANE_PID" 2> /dev/null || true' EXIT
 lane_start() {
   LANE_LOG=$(mktemp)
+  set -m
   ("$@") > "$LANE_LOG" 2>&1 &
   LANE_PID=$!
+  set +m
 }
 lane_wait() {
   [[ -n $LANE_PID ]] || return 0
@@ -439,7 +443,9 @@ sanitizer_stage "$SAN_PY" "$SAN_LABEL" || san_rc=$?
 tsan_rc=0
 tsan_jobs=2
 if [[ -n $LANE_PID ]] && kill -0 "$LANE_PID" 2> /dev/null; then tsan_jobs=1; fi
-tsan_build "$PY" "torch 2.14.1" "${TSAN_JOBS:-$tsan_jobs}" || tsan_rc=$?
+if [[ $cpu_rc == 0 && $san_rc == 0 ]]; then
+  tsan_build "$PY" "torch 2.14.1" "${TSAN_JOBS:-$tsan_jobs}" || tsan_rc=$?
+fi
 lane_wait || exit 1
 [[ $cpu_rc == 0 ]] || exit $cpu_rc
 [[ $san_rc == 0 ]] || exit $san_rc

@@ -851,6 +851,42 @@ def test_an_untaken_arm_whose_work_bypasses_the_dispatcher_fails_the_proof():
     del g
 
 
+def test_the_proof_runs_untaken_arms_as_the_recording_did():
+    # A loop inside the untaken branch runs once at most, as when recorded (on these values it
+    # would never end); a user's generator drawn from in the untaken branch is held in the proof
+    # too, so that the program still proves and replays.
+    def f(x):
+        s = x.sum()
+
+        def loop(t):
+            i0 = torch.zeros(())
+            return torch.while_loop(lambda i, a: i < 10, lambda i, a: (i + s, a + 1), (i0, t))[1]
+
+        return torch.cond(s > 0, loop, lambda t: t - 1, (x,))
+
+    x = torch.ones(4)
+    _against_eager(f, [(x * s,) for s in (-1, -1, -1, 1, 1, -1)])
+    assert cpu_replays("cpu") == ["program"], cpu_replays("cpu")
+    graphtrees.reset()
+    gens = [torch.Generator().manual_seed(0) for _ in range(2)]
+    cond = torch.ops.higher_order.cond
+
+    def make(gen):  # the raw op: dynamo cannot trace a closure over a generator
+        def h(x):
+            noisy = lambda t: (t + torch.rand(t.shape, generator=gen),)  # noqa: E731
+            taken = cond(x.sum() > 0, noisy, lambda t: (t - 1,), (x,))[0]
+            return taken * torch.rand(4, generator=gen)
+
+        return h
+
+    g, h = cudagraphify(make(gens[0])), make(gens[1])
+    for s in (-1, -1, -1, 1, 1, -1, 1):
+        mark_step_begin()
+        assert torch.equal(g(x * s), h(x * s))
+    assert cpu_replays("cpu") == ["program"], cpu_replays("cpu")
+    assert torch.equal(gens[0].get_state(), gens[1].get_state())
+
+
 def test_an_untaken_arm_drawing_from_a_users_generator_does_not_advance_it(device):
     # The raw op takes plain callables: the arm reaches a torch.Generator of the user's through
     # its closure. Eager never draws from it on calls taking the other arm; nor may the warmup.
@@ -955,3 +991,22 @@ def test_tree_branches_use_parameters_in_place_and_keep_inductor(device):
             assert_close(compiled(x if k % 2 else -x), m(x if k % 2 else -x))
         # Inductor's CPU kernels are called outside the dispatcher: its graphs replay in Python.
         assert set(cpu_replays("cpu")) == {"python"}, cpu_replays("cpu")
+
+
+def test_a_cond_nested_in_a_tree_branch_keeps_the_traced_graph():
+    # The outer cond takes the tree-branch form; the inner one is recorded with its branch, as a
+    # program step: Inductor, whose code reads a predicate on the host, is not used there.
+    torch._dynamo.reset()
+
+    def f(x):
+        inner = lambda t: torch.cond(t.mean() > 1, lambda u: u * 2, lambda u: u + 3, (t,))  # noqa
+        return torch.cond(x.sum() > 0, inner, lambda t: t - 1, (x,)).relu()
+
+    backend = graphtrees.make_backend(inner="inductor", cond_form="tree-branch")
+    compiled = torch.compile(f, backend=backend)
+    x = torch.arange(1.0, 5.0)
+    for s in (1, 1, -1, 1, -1, 0.1):
+        mark_step_begin()
+        assert_close(compiled(x * s), f(x * s))
+    true = [n for n in info("cpu")["nodes"] if n["function"].endswith(".cond1.true")]
+    assert true and true[0]["conditionals"] == [{"kind": "cond", "form": "program-branch"}], true

@@ -40,13 +40,13 @@ std::string firstLine(const std::string& s) {
 // Runs `program` as a replay of the recording that made `recorded` runs it.
 void runOpProgram(const OpProgram& program, const std::vector<at::Tensor>& inputs,
                   const std::vector<Allocation>& recorded, const std::string& function_name,
-                  bool wait_for_frees = false, std::vector<at::Tensor>* untaken = nullptr) {
+                  bool wait_for_frees = false, OpProgram::Proof* proof = nullptr) {
   RouteState st = replayRoute(&recorded, &function_name);
   st.wait_for_frees = wait_for_frees;  // Note [Collective buffers]
   ReplayScope replay_scope(st.liveness);
   AutocastCacheOff no_cast_cache;  // as it ran when captured (Note [Autocast and recordings])
   RouteGuard guard(&st);
-  program.run(inputs, &st, function_name, untaken);
+  program.run(inputs, &st, function_name, proof);
 }
 
 }  // namespace
@@ -224,8 +224,9 @@ std::string proveProgram(const OpProgram& program, const std::vector<at::Tensor>
     }
     try {
       at_start.restore();
-      std::vector<at::Tensor> untaken;
-      runOpProgram(program, inputs, allocations, function_name, false, &untaken);
+      OpProgram::Proof proof{generators, {}, 0};
+      runOpProgram(program, inputs, allocations, function_name, false, &proof);
+      std::vector<at::Tensor>& untaken = proof.untaken;
       for (size_t i = 0; why.empty() && i < outputs.size(); ++i) {
         if (!sameBytes(outputs[i], expected[i])) {
           why = "output " + std::to_string(i) + " differed from the recording's";

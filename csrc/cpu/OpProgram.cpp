@@ -111,7 +111,7 @@ bool readPredicate(const at::Tensor& pred) {
 }
 
 void OpProgram::run(const std::vector<at::Tensor>& inputs, RouteState* route,
-                    const std::string& function_name, std::vector<at::Tensor>* untaken) const {
+                    const std::string& function_name, Proof* proof) const {
   TORCH_INTERNAL_ASSERT(static_cast<int32_t>(inputs.size()) == num_inputs_);
   // A CUDA graph replays kernels, not autograd: no graph is built, no version counter moves.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -120,16 +120,16 @@ void OpProgram::run(const std::vector<at::Tensor>& inputs, RouteState* route,
   for (const auto& h : held_) values[h.first] = h.second;
   torch::jit::Stack stack;
   stack.reserve(16);
-  runSteps(steps_, values, stack, route, function_name, untaken);
+  runSteps(steps_, values, stack, route, function_name, proof);
 }
 
 void OpProgram::runSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& values,
                          torch::jit::Stack& stack, RouteState* route,
-                         const std::string& function_name, std::vector<at::Tensor>* untaken) const {
+                         const std::string& function_name, Proof* proof) const {
   for (size_t k = 0; k < steps.size(); ++k) {
     const Step& step = steps[k];
     if (step.control) {
-      runControl(*step.control, values, stack, route, function_name, untaken);
+      runControl(*step.control, values, stack, route, function_name, proof);
       for (int32_t s : step.release) values[s] = at::Tensor();
       continue;
     }
@@ -161,26 +161,28 @@ void OpProgram::runSteps(const std::vector<Step>& steps, std::vector<at::Tensor>
 // Note [Control steps of a program] in OpProgram.h.
 void OpProgram::runControl(const Control& c, std::vector<at::Tensor>& values,
                            torch::jit::Stack& stack, RouteState* route,
-                           const std::string& function_name,
-                           std::vector<at::Tensor>* untaken) const {
+                           const std::string& function_name, Proof* proof) const {
   const auto drop = [&](int arm) {
     for (int32_t s : c.drop[arm]) values[s] = at::Tensor();
   };
-  const auto arm = [&](int a) {
-    runSteps(c.arms[a], values, stack, route, function_name, untaken);
-  };
+  const auto arm = [&](int a) { runSteps(c.arms[a], values, stack, route, function_name, proof); };
   // Note [Arms a recording did not run]: the proof's run of an arm the call does not take.
   const auto prove = [&](int a) {
-    if (untaken == nullptr) return;
+    if (proof == nullptr) return;
     RngStates held;
     {
-      RouteSuspended outside_the_pool;  // graphtrees' copy of the state
+      RouteSuspended outside_the_pool;  // graphtrees' copy of the states
       held.add(at::detail::getDefaultCPUGenerator());
+      for (const auto& g : proof->generators) {
+        if (!held.has(g)) held.add(g);
+      }
     }
+    ++proof->depth;
     arm(a);
+    --proof->depth;
     held.restore();
     RouteSuspended outside_the_pool;
-    for (int32_t s : c.outs[a]) untaken->push_back(values[s].clone());
+    for (int32_t s : c.outs[a]) proof->untaken.push_back(values[s].clone());
     drop(a);
     if (a == 0 && c.kind == Control::Kind::kCond) {
       for (int32_t s : c.outs[0]) values[s] = at::Tensor();  // made in the arm (the recorder's)
@@ -215,6 +217,10 @@ void OpProgram::runControl(const Control& c, std::vector<at::Tensor>& values,
       return;
     }
     arm(1);
+    if (proof != nullptr && proof->depth > 0) {  // once at most, its values dropped, as recorded
+      drop(1);
+      return;
+    }
     for (size_t i = 0; i < c.carried.size(); ++i) {
       const at::Tensor& out = values[c.outs[1][i]];
       at::Tensor& carried = values[c.carried[i]];

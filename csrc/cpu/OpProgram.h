@@ -4,6 +4,7 @@
 // recorded, replayed from C++ through the dispatcher (Note [CPU graphs] in cpu/CpuGraph.h).
 // ProgramRecorder (cpu/ProgramRecorder.h) builds one.
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -78,9 +79,11 @@ class OpProgram {
   // dispatcher (a torch.tensor([...]) constant, filled by Python) would replay unproven, and a
   // later call taking it would read memory no op wrote. So the proof also runs, in each of its
   // runs over memory filled with different bytes, the arm each cond does not take (before the
-  // one it takes, at the arm's recorded addresses, the default CPU generator held) and the body
-  // of a loop that makes no trip, and keeps copies of their results: results that differ from
-  // one run to the next read memory no op wrote, and the node keeps the Python replay.
+  // one it takes, at the arm's recorded addresses, every generator the program takes held) and
+  // the body of a loop that makes no trip, and keeps copies of their results: results that
+  // differ from one run to the next read memory no op wrote, and the node keeps the Python
+  // replay. Inside such an arm a loop runs its cond and body once at most, as it did when
+  // recorded (on values no call gives it, it might never end).
   struct Home {
     void* data;
     std::vector<int64_t> sizes;
@@ -102,10 +105,15 @@ class OpProgram {
   // Runs the program on `inputs` (the call's flat inputs, placeholders substituted). `route`: the
   // replay routing (its cursor is set to each op's first recorded allocation, skipping the ones
   // Python made between ops), or nullptr.
-  // `untaken` (the proof's, Note [Arms a recording did not run]): the arms the call does not
-  // take run too, and copies of their results are appended to it.
+  // The proof's run (Note [Arms a recording did not run]).
+  struct Proof {
+    std::vector<at::Generator> generators;  // put back after an untaken arm, as the default one
+    std::vector<at::Tensor> untaken;        // copies of the untaken arms' results, in order
+    int depth = 0;                          // untaken arms open around the step running
+  };
+  // `proof`: the arms the call does not take run too (Proof).
   void run(const std::vector<at::Tensor>& inputs, RouteState* route,
-           const std::string& function_name, std::vector<at::Tensor>* untaken = nullptr) const;
+           const std::string& function_name, Proof* proof = nullptr) const;
   // The first op of this (recorded) program whose name or non-tensor argument differs from
   // `eager`'s (a trace of the same function run eagerly on copies of the same inputs), described
   // for a user; empty if none does.
@@ -119,10 +127,9 @@ class OpProgram {
   friend class ProgramRecorder;
   void runSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& values,
                 torch::jit::Stack& stack, RouteState* route, const std::string& function_name,
-                std::vector<at::Tensor>* untaken) const;
+                Proof* proof) const;
   void runControl(const Control& c, std::vector<at::Tensor>& values, torch::jit::Stack& stack,
-                  RouteState* route, const std::string& function_name,
-                  std::vector<at::Tensor>* untaken) const;
+                  RouteState* route, const std::string& function_name, Proof* proof) const;
   std::vector<Step> steps_;
   int32_t num_inputs_ = 0;
   int32_t num_slots_ = 0;
