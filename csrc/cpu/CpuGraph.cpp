@@ -224,7 +224,7 @@ std::string proveProgram(const OpProgram& program, const std::vector<at::Tensor>
     }
     try {
       at_start.restore();
-      OpProgram::Proof proof{generators, {}, 0};
+      OpProgram::Proof proof{withDefaultCpuGenerator(generators), {}, 0};
       runOpProgram(program, inputs, allocations, function_name, false, &proof);
       std::vector<at::Tensor>& untaken = proof.untaken;
       for (size_t i = 0; why.empty() && i < outputs.size(); ++i) {

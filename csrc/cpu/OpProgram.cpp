@@ -3,7 +3,6 @@
 #include "RngStates.h"
 #include "cpu/RoutingAllocator.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/from_blob.h>
@@ -172,10 +171,7 @@ void OpProgram::runControl(const Control& c, std::vector<at::Tensor>& values,
     RngStates held;
     {
       RouteSuspended outside_the_pool;  // graphtrees' copy of the states
-      held.add(at::detail::getDefaultCPUGenerator());
-      for (const auto& g : proof->generators) {
-        if (!held.has(g)) held.add(g);
-      }
+      held = RngStates(proof->generators);
     }
     ++proof->depth;
     arm(a);

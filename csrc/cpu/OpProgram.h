@@ -107,7 +107,7 @@ class OpProgram {
   // Python made between ops), or nullptr.
   // The proof's run (Note [Arms a recording did not run]).
   struct Proof {
-    std::vector<at::Generator> generators;  // put back after an untaken arm, as the default one
+    std::vector<at::Generator> generators;  // put back after an untaken arm (the default included)
     std::vector<at::Tensor> untaken;        // copies of the untaken arms' results, in order
     int depth = 0;                          // untaken arms open around the step running
   };
