@@ -298,6 +298,7 @@ py::tuple GraphedCallable::resizeExample(const py::args& args, const py::kwargs&
 }
 
 py::object GraphedCallable::call(const py::args& args, const py::kwargs& kwargs) {
+  if (delegate_ && !inTreeCall()) return delegate_(*args, **kwargs);
   const std::vector<int64_t>& buckets = options_.buckets;
   if (buckets.empty() || inTreeCall()) return callExact(args, kwargs);
   FlatArgs flat;
@@ -418,6 +419,7 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
   std::optional<ReplayVerifier> verifier = verifierFor(options_.verify, sig, flat, device);
   CallResult r;
   TreeRegistry::Handle tree;
+  takeTreeBranchRequest();  // Note [A wrapper's cond split into tree branches]: this call's own
   try {
     tree = TreeRegistry::call(std::move(found), sig.record, flat.tensors, run, &r);
   } catch (py::error_already_set& e) {
@@ -425,6 +427,7 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
     throw;
   }
   noteRan(sig);
+  const std::string split = takeTreeBranchRequest();
   const std::string& why = r.reason.empty() ? sig.record.eager_reason : r.reason;
   stats_->note(r.kind, why, r.kind == RunKind::kEager ? treeReasonKind(why) : ReasonKind::kOther);
   py::object out = (r.kind == RunKind::kEager || r.kind == RunKind::kWarmup)
@@ -434,6 +437,15 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
   r.outputs.clear();
   if (tree) tree->debugCheck(sig.record, r.kind);  // none: it ran eagerly, nested (TreeLock.h)
   tree = TreeRegistry::Handle();                   // the verifier's eager run is user code
+  if (!split.empty() && tree_branch_factory_) {
+    try {
+      py::object delegate = tree_branch_factory_(split);
+      if (!delegate.is_none()) delegate_ = std::move(delegate);
+    } catch (py::error_already_set& e) {  // the call's result stands; it stays here, eager
+      GRAPHTREES_LOG(LogLevel::kWarning, "'" + name_ + "' keeps running eagerly (" + split +
+                                             "): its tree-branch form failed: " + e.what());
+    }
+  }
   if (verifier && r.kind == RunKind::kReplay) {
     return verifier->check(sig.record.name, options_.verify, std::move(out), *r.graph,
                            [&](const std::vector<at::Tensor>& copies) {

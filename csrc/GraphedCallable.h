@@ -56,6 +56,15 @@ class GraphedCallable {
   void setCountsPending(bool counts) { counts_pending_ = counts; }
   bool countsPending() const { return counts_pending_; }
 
+  // Note [A wrapper's cond split into tree branches] in ThreadState.h: `factory(why)` returns
+  // the callable that takes over this function's calls when a warmup asks for the tree-branch
+  // form (or None to keep them here); `delegate`, once set, runs every call outside a tree call.
+  void setTreeBranchFactory(py::object factory) { tree_branch_factory_ = std::move(factory); }
+  py::object delegate() const { return delegate_ ? delegate_ : py::none(); }
+  void setDelegate(py::object delegate) {
+    delegate_ = delegate.is_none() ? py::object() : std::move(delegate);
+  }
+
   // `counter`: a Python list whose item 0 counts the parameters, buffers and submodules any module
   // registered (graphtrees/_hooks.py; plain Python, so that dynamo traces the hooks with no graph
   // break); wrapped modules re-read their tensors only when it changed.
@@ -89,6 +98,8 @@ class GraphedCallable {
 
   py::object fn_;
   py::object module_;
+  py::object tree_branch_factory_;  // Note [A wrapper's cond split into tree branches]
+  py::object delegate_;
   std::string name_;
   const GraphOptions options_;
   std::vector<uint8_t> static_args_;  // options_.static_argnums, as a mask over positions

@@ -140,6 +140,17 @@ bool inTreeCall() {
 int treeCallDeviceType() {
   return tls_call_depth > 0 ? tls_call_device_type : -1;
 }
+namespace {
+thread_local std::string tls_tree_branch_request;
+}  // namespace
+void requestTreeBranches(const std::string& why) {
+  if (tls_tree_branch_request.empty()) tls_tree_branch_request = why;
+}
+std::string takeTreeBranchRequest() {
+  std::string why;
+  why.swap(tls_tree_branch_request);
+  return why;
+}
 CallDepthGuard::CallDepthGuard(int device_type) : outer_device_type_(tls_call_device_type) {
   ++tls_call_depth;
   if (device_type >= 0) tls_call_device_type = device_type;

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace graphtrees {
@@ -54,6 +55,17 @@ bool inTreeCall();
 // given one: an eager run inside a call keeps its call's), or -1. The Python layer decides by it
 // whether torch.cond can become a CPU program's control step (Note [Control flow in a recording]).
 int treeCallDeviceType();
+// Note [A wrapper's cond split into tree branches]
+// A function recorded whole (cudagraphify) cannot be cut at a torch.cond by graphtrees: only a
+// graph can. When a CUDA warmup refuses a cond that the tree-branch form could serve (a branch
+// that draws random numbers, a driver without conditional nodes), graphtrees/_control_flow.py
+// asks for that form here, on the thread whose call it is; the outermost GraphedCallable takes
+// the request when its call returns and, if the function was made by cudagraphify, hands its
+// later calls to the function traced by torch.compile and split at the cond (Note [Tree
+// branches] in graphtrees/_piecewise.py; graphtrees/_dynamo_backend.py, tree_branch_form).
+void requestTreeBranches(const std::string& why);
+// The request made on this thread since the last take, or ''; clears it.
+std::string takeTreeBranchRequest();
 class CallDepthGuard {
  public:
   explicit CallDepthGuard(int device_type = -1);

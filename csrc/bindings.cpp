@@ -280,6 +280,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("why"),
            "Forgets every signature and removes their recordings from every tree (those on a "
            "tree's current path once the path moves off them).")
+      .def("_set_tree_branch_factory", &GraphedCallable::setTreeBranchFactory, py::arg("factory"),
+           "Note [A wrapper's cond split into tree branches]: factory(why) -> the callable that "
+           "takes over its calls when a warmup asks for the tree-branch form, or None.")
+      .def_property("_delegate", &GraphedCallable::delegate, &GraphedCallable::setDelegate,
+                    "The callable that runs its calls instead (the tree-branch form), or None.")
       .def("signatures", &GraphedCallable::signatures,
            "Per call signature: function id, warmups and re-records (in the calling thread's "
            "tree) and the eager-fallback reason.")
@@ -461,6 +466,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_refuse_recording", wrap_pybind_function(&CaptureObserver::refuseCurrent), py::arg("why"),
         "Refuses the warmup or capture under way on this thread (it runs eagerly from then on, "
         "for `why`); False if none is.");
+  m.def("_request_tree_branches", &requestTreeBranches, py::arg("why"),
+        "Note [A wrapper's cond split into tree branches]: the warmup under way refused a "
+        "torch.cond that the tree-branch form can serve, for `why`.");
   m.def("_in_tree_call", &inTreeCall,
         "Whether this thread is inside a graphed call (a warmup, recording or replay).");
   m.def(

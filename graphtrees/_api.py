@@ -7,7 +7,9 @@ from typing import Any
 import torch
 
 from ._capture import capture
+from ._dynamo_backend import TreeBranchForm
 from ._ext import get_ext
+from ._graph_checks import CHOSEN_FORM, COND_FORMS
 
 DeviceLike = str | torch.device
 
@@ -37,6 +39,7 @@ def cudagraphify(
     max_recorded_shapes: int | None = None,
     cpu_replay: str = "program",
     verify: bool | str | None = None,
+    cond_form: str = "auto",
 ):
     """Wraps ``fn`` so that its calls are warmed up, recorded as graphs and replayed.
 
@@ -89,6 +92,17 @@ def cudagraphify(
             result. Default: the ``GRAPHTREES_VERIFY`` environment variable (``1``, ``warn``),
             else off. For finding baked values before production; it runs the function twice.
 
+        cond_form: how a ``torch.cond`` in ``fn`` is recorded. ``"auto"`` (default): as a
+            control step of the CPU backend's program, or as CUDA conditional nodes; where none
+            can serve it on CUDA (a branch that draws random numbers, a driver without
+            conditional nodes), the call that finds it runs eagerly and the later calls take
+            the tree-branch form (logged). ``"tree-branch"``: always. In the tree-branch form
+            ``fn`` is traced by ``torch.compile`` (graphtrees' backend, ``inner="aot_eager"``)
+            and split at the cond: the part before it, each branch and the part after are tree
+            nodes of their own, the predicate is read on the host between them, and the pool
+            holds the larger branch's memory, not both (docs/semantics.md). That form cannot
+            take ``buckets`` or ``cpu_replay="python"``.
+
     Returns a callable with the same call signature and result structure as ``fn``.
     Calls that cannot be graphed (autograd needed, several devices, unsupported arguments) run
     eagerly; the reason is logged once and counted in :func:`tree_info`.
@@ -102,11 +116,21 @@ def cudagraphify(
     for unset in ("max_recorded_shapes", "verify"):
         if options[unset] is None:
             del options[unset]
+    if cond_form not in COND_FORMS:
+        raise ValueError(
+            f"graphtrees.cudagraphify: cond_form must be one of {COND_FORMS}, got {cond_form!r}"
+        )
     if fn is None:
-        return functools.partial(cudagraphify, name=name, **options)
+        return functools.partial(cudagraphify, name=name, cond_form=cond_form, **options)
     module = fn if isinstance(fn, torch.nn.Module) else None
     name = _name_of(fn) if name is None else name
     wrapped = get_ext().GraphedCallable(fn, options, module, name)
+    # Note [A wrapper's cond split into tree branches] in csrc/ThreadState.h.
+    split = TreeBranchForm(fn, name, options, wrapped)
+    if cond_form == "tree-branch":
+        wrapped._delegate = split(CHOSEN_FORM)
+    else:
+        wrapped._set_tree_branch_factory(split)
     wrapped.capture = functools.partial(capture, wrapped)
     functools.update_wrapper(wrapped, fn, updated=())
     wrapped._graphtrees_name = name

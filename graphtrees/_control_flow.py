@@ -41,7 +41,9 @@
 # warmup is refused with the reason (the function runs eagerly, logged once). Under torch.compile
 # such a cond (random numbers, no conditional nodes) never reaches this kernel inside a recording:
 # the graph is split at it and its branches recorded as tree nodes of their own (Note [Tree
-# branches] in _piecewise.py).
+# branches] in _piecewise.py); a function recorded whole whose warmup refuses such a cond asks
+# for that form (``_refuse(..., split=True)``), and its later calls take it (Note [A wrapper's
+# cond split into tree branches] in csrc/ThreadState.h).
 #
 # Running every arm is right only where no arm can be seen to differ from eager; otherwise the
 # recording is refused and the call returns what the taken arm returned (review of issue 48):
@@ -77,8 +79,14 @@ def _ext():
     return get_ext()
 
 
-def _refuse(why: str) -> None:
-    _ext()._refuse_recording(why)
+def _refuse(why: str, split: bool = False) -> None:
+    """Refuses the warmup or recording under way for `why`. `split`: the cond's tree-branch form
+    would serve it, which a function recorded whole then takes from its next call (Note [A
+    wrapper's cond split into tree branches] in csrc/ThreadState.h)."""
+    C = _ext()
+    C._refuse_recording(why)
+    if split:
+        C._request_tree_branches(why)
     _log_once(f"graphtrees: a graphed function runs eagerly: {why}")
 
 
@@ -439,7 +447,8 @@ def _cond_dense(pred, true_fn, false_fn, operands):
         "torch.cond", (true_fn, false_fn)
     )
     if why is not None:
-        _refuse(why)
+        # A driver without conditional nodes: the tree-branch form serves any cond.
+        _refuse(why, split=backend == "cuda" and bool(C._cuda_conditional_unavailable()))
         return _original["cond"](pred, true_fn, false_fn, operands)
     if _capturing(backend):
         return _cond_nodes(pred, true_fn, false_fn, operands)
@@ -519,6 +528,8 @@ def _cond_dense(pred, true_fn, false_fn, operands):
                 f"graphtrees: {why}, in a replay of a recording that did not see it; "
                 "call graphtrees.reset() and run the function eagerly"
             )
+        if why == _rng_refusal("torch.cond"):  # each branch, a tree node, may draw them
+            C._request_tree_branches(why)
         _log_once(f"graphtrees: a graphed function runs eagerly: {why}")
         return taken_out
     leaves_f, _ = pytree.tree_flatten(results[1])

@@ -27,6 +27,7 @@ import functools
 import itertools
 import logging
 import re
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -132,8 +133,11 @@ class _Options:
     min_piece_ops: int = 3
     splitting_ops: Any = ()
     cond_form: str = "auto"
+    name: str = ""
 
     def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"graphtrees: name must be a str, got {type(self.name).__name__}")
         if self.inner not in _INNER:
             raise ValueError(f"graphtrees: inner must be one of {_INNER}, got {self.inner!r}")
         if self.inner_options is not None and (
@@ -488,6 +492,8 @@ def make_backend(**options) -> Callable:
                 f"graphtrees: Inductor options {sorted(inner_options)} need inner='inductor'"
             )
         graph = f"graph{next(_graph_counter)}"
+        if opts.name:
+            graph = f"{opts.name}.{graph}"
         graph_reason = fsdp2_reason(gm, example_inputs) or ""
         # The compilers below outlive this call: they must not hold the example inputs (real
         # tensors: a StaticCache's, say), which would keep them alive with the compiled code.
@@ -637,6 +643,89 @@ graphtrees_backend = make_backend()
 _COMPILE_OPTIONS = ("fullgraph", "dynamic", "disable", "mode")
 
 
+class TreeBranchForm:
+    """Note [A wrapper's cond split into tree branches] (csrc/ThreadState.h): called with why,
+    it makes what runs the calls of ``wrapper = cudagraphify(fn, **options)`` when its
+    torch.cond takes the tree-branch form -- `fn` traced by torch.compile with graphtrees
+    recording the pieces around the cond and each branch (inner="aot_eager": the function's own
+    ops, as cudagraphify records them) -- or None where the wrapper's options have no equivalent
+    there, or where that tracing failed before (the wrapper keeps running the calls, eagerly)."""
+
+    def __init__(self, fn: Callable, name: str, options: dict, wrapper: Any):
+        self._fn, self._name, self._options = fn, name, dict(options)
+        self._wrapper = weakref.ref(wrapper)  # the wrapper holds this: no cycle
+        self._failed = False
+
+    def __call__(self, why: str) -> Callable | None:
+        chosen = why == CHOSEN_FORM
+        options = self._options
+        if options.get("buckets") or options.get("cpu_replay", "program") != "program":
+            if chosen:
+                raise ValueError(
+                    "graphtrees.cudagraphify: cond_form='tree-branch' traces the function with "
+                    "torch.compile and records its pieces, which cannot take buckets or "
+                    "cpu_replay='python'"
+                )
+            _logger.warning(
+                "graphtrees: '%s' keeps running eagerly (%s): the tree-branch form that would "
+                "record its torch.cond cannot take buckets or cpu_replay='python'",
+                self._name,
+                why,
+            )
+            return None
+        if self._failed:
+            return None
+        passed = {k: options[k] for k in (*_GRAPH_OPTIONS, "verify") if options.get(k) is not None}
+        form = "tree-branch" if chosen else "auto"
+        compiled = compile(self._fn, inner="aot_eager", cond_form=form, name=self._name, **passed)
+        _logger.log(
+            logging.INFO if chosen else logging.WARNING,
+            "graphtrees: '%s' is traced by torch.compile and split at its torch.cond (the "
+            "tree-branch form: each branch a tree node of its own)%s: %s",
+            self._name,
+            "" if chosen else " from its next call",
+            why,
+        )
+        static = sorted(options.get("static_argnums") or ())
+
+        def run(*args, **kwargs):
+            # cudagraphify's static arguments are used in place: static addresses for dynamo.
+            for i in static:
+                if i < len(args):
+                    for t in torch.utils._pytree.tree_leaves(args[i]):
+                        if isinstance(t, torch.Tensor):
+                            torch._dynamo.mark_static_address(t)
+            try:
+                return compiled(*args, **kwargs)
+            except torch._dynamo.exc.TorchDynamoException as e:
+                return self._untraceable(e, chosen, args, kwargs)
+
+        return run
+
+    def _untraceable(self, error: Exception, chosen: bool, args: tuple, kwargs: dict) -> Any:
+        """torch.compile could not trace or compile the function (a branch that aliases its
+        input, a host read dynamo refuses): asked for, that is an error; otherwise the wrapper
+        takes its calls back and runs them as before, eagerly with the reason."""
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        if chosen:
+            raise RuntimeError(
+                f"graphtrees: cond_form='tree-branch' traces '{self._name}' with torch.compile, "
+                f"which failed: {first}; use cond_form='auto' to record it whole"
+            ) from error
+        self._failed = True
+        _logger.warning(
+            "graphtrees: '%s' runs as before, without the tree-branch form: torch.compile could "
+            "not trace it (%s)",
+            self._name,
+            first,
+        )
+        wrapper = self._wrapper()
+        if wrapper is None:
+            return self._fn(*args, **kwargs)
+        wrapper._delegate = None
+        return wrapper(*args, **kwargs)
+
+
 def compile(model: Callable | None = None, *, inner: str = "inductor", **options):
     """``torch.compile(model)`` with graphtrees recording the compiled graphs.
 
@@ -665,6 +754,8 @@ def compile(model: Callable | None = None, *, inner: str = "inductor", **options
             nodes); "tree-branch": always -- the graph is split at the cond and each branch is
             recorded as a tree node of its own, so the pool holds the larger branch's memory
             rather than both (Note [Tree branches] in _piecewise.py).
+        name: the prefix of its graphs' names in logs, :func:`tree_info` and
+            :func:`split_info` (``"decoder.graph0.forward"``; default none: ``"graph0.forward"``).
         inner_options: Inductor config options for the inner compiler (``torch._inductor.config``
             names, e.g. ``{"max_autotune": True}``); inner="inductor" only.
         fullgraph, dynamic, disable, mode: passed to ``torch.compile``. ``mode`` None,

@@ -75,8 +75,8 @@ from ._graph_checks import is_host_scalar, op_name, underlying_op
 # checkpoint: it holds the larger branch's, not both. The piece after the cond is a child of
 # whichever branch ran. In training the backward's cond is split the same way, under the
 # forward's branch. Only a graph can be split: a function that graphtrees records whole
-# (cudagraphify) keeps its cond as a control step or conditional nodes, or runs eagerly with the
-# reason where neither can serve.
+# (cudagraphify) takes the form by handing its calls to the function traced by torch.compile
+# (Note [A wrapper's cond split into tree branches] in csrc/ThreadState.h).
 #
 # A graph that no cut can help (FSDP2's unsharded parameters, a mutation that no op of the graph
 # can be blamed for, or no piece left with ``min_piece_ops`` ops) still runs eagerly whole, with

@@ -198,7 +198,7 @@ CUresult cuInit(unsigned int /*flags*/) {
 
 CUresult cuDriverGetVersion(int* driverVersion) {
   if (driverVersion == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *driverVersion = 13000;
+  *driverVersion = standin::driverVersion();
   return CUDA_SUCCESS;
 }
 

@@ -120,6 +120,9 @@ bool isDeviceRange(const void* p, size_t n);
 bool isPinned(const void* p, size_t n);
 // One device: its properties and attributes (state.cpp), for the runtime and the driver.
 void fillProperties(cudaDeviceProp* p);
+// The driver's CUDA version, as cudaDriverGetVersion says it (CUDA_STANDIN_DRIVER_VERSION, default
+// 13000): an older one shows what a driver without conditional nodes does.
+int driverVersion();
 bool deviceAttribute(int attr, int* value);
 int currentDevice();
 cudaError_t memsetD32(void* p, unsigned value, size_t count, cudaStream_t stream, const char* call);
