@@ -443,7 +443,8 @@ py::object GraphedCallable::callExact(const py::args& args, const py::kwargs& kw
       if (!delegate.is_none()) delegate_ = std::move(delegate);
     } catch (py::error_already_set& e) {  // the call's result stands; it stays here, eager
       GRAPHTREES_LOG(LogLevel::kWarning, "'" + name_ + "' keeps running eagerly (" + split +
-                                             "): its tree-branch form failed: " + e.what());
+                                             "): its tree-branch form failed: " +
+                                             py::str(e.value()).cast<std::string>());
     }
   }
   if (verifier && r.kind == RunKind::kReplay) {

@@ -62,7 +62,7 @@ int treeCallDeviceType();
 // asks for that form here, on the thread whose call it is; the outermost GraphedCallable takes
 // the request when its call returns and, if the function was made by cudagraphify, hands its
 // later calls to the function traced by torch.compile and split at the cond (Note [Tree
-// branches] in graphtrees/_piecewise.py; graphtrees/_dynamo_backend.py, tree_branch_form).
+// branches] in graphtrees/_piecewise.py; graphtrees/_dynamo_backend.py, TreeBranchForm).
 void requestTreeBranches(const std::string& why);
 // The request made on this thread since the last take, or ''; clears it.
 std::string takeTreeBranchRequest();

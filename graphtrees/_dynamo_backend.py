@@ -643,6 +643,9 @@ graphtrees_backend = make_backend()
 _COMPILE_OPTIONS = ("fullgraph", "dynamic", "disable", "mode")
 
 
+_NO_BOUND = 1 << 30  # max_recorded_shapes for "no bound" (the backend's minimum is 1)
+
+
 class TreeBranchForm:
     """Note [A wrapper's cond split into tree branches] (csrc/ThreadState.h): called with why,
     it makes what runs the calls of ``wrapper = cudagraphify(fn, **options)`` when its
@@ -676,8 +679,20 @@ class TreeBranchForm:
         if self._failed:
             return None
         passed = {k: options[k] for k in (*_GRAPH_OPTIONS, "verify") if options.get(k) is not None}
+        if not passed.get("max_recorded_shapes"):  # cudagraphify's default: no bound
+            passed["max_recorded_shapes"] = _NO_BOUND
         form = "tree-branch" if chosen else "auto"
-        compiled = compile(self._fn, inner="aot_eager", cond_form=form, name=self._name, **passed)
+        # Unasked (auto), the whole function must be one graph: dynamo then fails, if it does,
+        # before any of the call has run, and the wrapper can run the call eagerly instead. With
+        # graph breaks, the part before a break would have run already (its side effects twice).
+        compiled = compile(
+            self._fn,
+            inner="aot_eager",
+            cond_form=form,
+            name=self._name,
+            fullgraph=not chosen,
+            **passed,
+        )
         _logger.log(
             logging.INFO if chosen else logging.WARNING,
             "graphtrees: '%s' is traced by torch.compile and split at its torch.cond (the "
@@ -704,9 +719,12 @@ class TreeBranchForm:
 
     def _untraceable(self, error: Exception, chosen: bool, args: tuple, kwargs: dict) -> Any:
         """torch.compile could not trace or compile the function (a branch that aliases its
-        input, a host read dynamo refuses): asked for, that is an error; otherwise the wrapper
-        takes its calls back and runs them as before, eagerly with the reason."""
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        input, a host read dynamo refuses, a graph break): asked for, that is an error (as from
+        torch.compile: with a graph break, the part before it has run); otherwise (fullgraph:
+        nothing of the call has run) the wrapper takes its calls back and runs them as before,
+        eagerly with the reason."""
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        first = " ".join(lines[:4] or [type(error).__name__])[:400]
         if chosen:
             raise RuntimeError(
                 f"graphtrees: cond_form='tree-branch' traces '{self._name}' with torch.compile, "

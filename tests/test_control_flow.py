@@ -893,6 +893,59 @@ def test_a_function_recorded_whole_takes_the_tree_branch_form_when_asked(device)
     assert_invariants(device)
 
 
+def test_the_tree_branch_form_of_a_function_has_no_bound_on_shapes_and_names_dynamos_reason():
+    # cudagraphify's max_recorded_shapes (no bound by default, 0 too) holds in the split form; a
+    # function dynamo cannot trace (a host read in a branch) is an error naming what dynamo said.
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x * 1.5,)) + 1
+
+    for bound in ({}, {"max_recorded_shapes": 0}):
+        g = cudagraphify(f, cond_form="tree-branch", **bound)
+        for _ in range(3):
+            for n in range(1, 11):
+                mark_step_begin()
+                x = torch.arange(float(n)) - n / 3
+                assert_close(g(x), f(x))
+        assert info("cpu")["num_evictions"] == 0
+        graphtrees.reset()
+        torch._dynamo.reset()
+
+    def reads(x):
+        return torch.cond(x.sum() > 0, lambda t: t * t.max().item(), lambda t: t - 1, (x,))
+
+    g = cudagraphify(reads, cond_form="tree-branch")
+    with pytest.raises(RuntimeError, match="cond_form='tree-branch'.*item"):
+        g(torch.ones(4))
+
+
+@pytest.mark.needs_cuda
+def test_a_function_dynamo_cannot_trace_whole_runs_each_call_once_eagerly():
+    # Unasked, the split form needs the function as one graph: a graph break fails its tracing
+    # before any of the call has run, and the wrapper runs the call eagerly (not twice).
+    torch._dynamo.reset()
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        x.add_(1)
+        torch._dynamo.graph_break()
+        return torch.cond(x.sum() > 0, lambda t: t + torch.rand_like(t) * 0, lambda t: t - 1, (x,))
+
+    g = cudagraphify(f)
+    x, y = torch.zeros(4, device="cuda"), torch.zeros(4, device="cuda")
+    for k in range(4):
+        mark_step_begin()
+        out = g(x)
+        expected = f(y)
+        assert len(calls) == 2 * (k + 1)
+        assert_close(x, y)
+        assert_close(out, expected)
+    assert g._delegate is None
+    assert info("cuda")["num_replays"] == 0
+
+
 @pytest.mark.needs_cuda
 def test_a_random_branch_keeps_a_bucketed_function_eager_with_the_reason(caplog):
     # The tree-branch form cannot take buckets: the function stays eager, and the log says why.
