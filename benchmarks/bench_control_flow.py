@@ -7,6 +7,10 @@ both branches run), then a few more; the loop makes N calls. Variants, in micros
 * graphtrees: cudagraphify(f), replayed -- on the CPU backend the op program's control step
   (`program-branch`: the predicate read from C++, no Python), on CUDA two IF conditional nodes
   (`conditional-node`: the predicate read on the device, no host sync);
+* tree-branch (cond only): cudagraphify(f, cond_form="tree-branch") -- f traced by torch.compile
+  and split at the cond: the piece before, then the predicate read on the host, then the taken
+  branch's node (Note [A wrapper's cond split into tree branches]); dynamo's guards and the
+  Python between the pieces are in its figure;
 * with `--while-loop`, a torch.while_loop whose trip count changes per call instead.
 
     python benchmarks/bench_control_flow.py --device cpu
@@ -116,20 +120,27 @@ def main():
     calls = calls_for(kind, args.device, args.width, args.calls)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     g = graphtrees.cudagraphify(f)
-    for a in calls[:8]:  # warmup and recording of both branches, checked against eager
-        graphtrees.mark_step_begin()
-        out = g(*a)
-        if values:
-            expected = f(*a)
-            assert torch.allclose(out.cpu(), expected.cpu(), rtol=1e-4, atol=1e-4), "wrong values"
+    variants = {"graphtrees": g}
+    if kind == "cond":
+        variants["tree-branch"] = graphtrees.cudagraphify(f, cond_form="tree-branch")
+    for fn in variants.values():
+        for a in calls[:8]:  # warmup and recording of both branches, checked against eager
+            graphtrees.mark_step_begin()
+            out = fn(*a)
+            if values:
+                expected = f(*a)
+                assert torch.allclose(out.cpu(), expected.cpu(), rtol=1e-4, atol=1e-4), "wrong"
     info = graphtrees.tree_info(args.device)
     forms = sorted({c["form"] for n in info["nodes"] for c in n["conditionals"]})
+    if any(n["function"].endswith(".cond1.true") for n in info["nodes"]):
+        forms.append("tree-branch")
     reasons = sorted({s["eager_reason"] for s in g.signatures() if s["eager_reason"]})
-    results = {"eager": [], "graphtrees": []}
+    results = {"eager": [], **{k: [] for k in variants}}
     replays_before = info["num_replays"]
     for _ in range(args.repeats):
         results["eager"].append(timed(f, calls, args.device, sync))
-        results["graphtrees"].append(timed(g, calls, args.device, sync))
+        for k, fn in variants.items():
+            results[k].append(timed(fn, calls, args.device, sync))
     replays = graphtrees.tree_info(args.device)["num_replays"] - replays_before
     where = (
         (
@@ -154,17 +165,19 @@ def main():
         "width": args.width,
         "forms": forms,
         "eager_reasons": reasons,
-        "replayed_calls": replays,
+        "replays": replays,
         "us_per_call": {k: min(v) for k, v in results.items()},
         "us_per_call_median": {k: statistics.median(v) for k, v in results.items()},
     }
     print(f"bench_control_flow: a {kind} every call, {args.calls} calls, on {where}")
     print(f"  recorded as: {', '.join(forms) or 'nothing (eager)'} {'; '.join(reasons)}")
-    print(f"  replayed calls: {replays} of {args.calls * args.repeats}")
-    for k in ("eager", "graphtrees"):
-        print(f"  {k:>10}: {summary['us_per_call'][k]:9.1f} us per call (min of {args.repeats})")
-    e, gt = summary["us_per_call"]["eager"], summary["us_per_call"]["graphtrees"]
-    print(f"  eager / graphtrees: {e / gt:.2f}x")
+    total = args.calls * args.repeats * len(variants)
+    print(f"  replays: {replays} over {total} calls (a tree-branch call replays two nodes)")
+    for k in results:
+        print(f"  {k:>11}: {summary['us_per_call'][k]:9.1f} us per call (min of {args.repeats})")
+    e = summary["us_per_call"]["eager"]
+    for k in variants:
+        print(f"  eager / {k}: {e / summary['us_per_call'][k]:.2f}x")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(summary, fh, indent=2)
