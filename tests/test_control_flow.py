@@ -3,8 +3,10 @@ graphtrees/_control_flow.py): values against eager, on every device; on CPU the 
 control steps that its program replay runs from C++ with no Python (Note [Control steps of a
 program] in csrc/cpu/OpProgram.h); on CUDA the recording holds conditional nodes that read the
 predicate on the device (Note [Conditional nodes on CUDA] in csrc/cuda/ConditionalNodes.cpp), or,
-where none can serve (a driver before CUDA 12.4), the function runs eagerly with a reason that
-names the op."""
+where none can serve (a driver before CUDA 12.4, random numbers in a branch), a cond takes the
+tree-branch form from the second call (Note [A wrapper's cond split into tree branches]) and a
+while_loop runs eagerly with a reason that names the op. CI runs the CUDA cases with the
+stand-in's driver at CUDA 13.0 and at 12.3 (CUDA_STANDIN_DRIVER_VERSION)."""
 
 import gc
 import re
