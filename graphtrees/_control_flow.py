@@ -494,14 +494,14 @@ def _cond_dense(pred, true_fn, false_fn, operands):
             "it did not make (an operand, a buffer, a tensor it closes over) while the function "
             "was graphed, which graphtrees did not see coming; write it outside the torch.cond"
         )
-    why = None
+    why, split = None, False
     if wrote[0] or wrote[1]:
         why = (
             "a branch of its torch.cond wrote a tensor it did not make (an operand, a buffer, "
             "a tensor it closes over)"
         )
-    elif drew:
-        why = _rng_refusal("torch.cond")
+    elif drew:  # each branch, a tree node of its own, may draw them: the tree-branch form serves
+        why, split = _rng_refusal("torch.cond"), True
     elif host_read:
         why = _host_read_refusal("torch.cond", host_read)
     elif backend == "cuda" and any(
@@ -528,7 +528,7 @@ def _cond_dense(pred, true_fn, false_fn, operands):
                 f"graphtrees: {why}, in a replay of a recording that did not see it; "
                 "call graphtrees.reset() and run the function eagerly"
             )
-        if why == _rng_refusal("torch.cond"):  # each branch, a tree node, may draw them
+        if split:
             C._request_tree_branches(why)
         _log_once(f"graphtrees: a graphed function runs eagerly: {why}")
         return taken_out

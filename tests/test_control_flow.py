@@ -732,21 +732,42 @@ def _tree_branch_backend(**options):
     return graphtrees.make_backend(inner="aot_eager", cond_form="tree-branch", **options)
 
 
+def _wide(t):
+    tmp = torch.cat([t] * 64).reshape(64, -1)
+    return (tmp * tmp).sum(0) * 2 + 1
+
+
+def _narrow(t):
+    tmp = torch.cat([t] * 64).reshape(64, -1)
+    return (tmp + tmp).mean(0) - 1
+
+
+def _assert_sibling_branches_share_the_pool(device, reserved):
+    """The branches of the tree-branch form (`_wide`, `_narrow` on 1 << 16 elements: each needs
+    more than 16 MiB) were both replayed, are siblings under the piece before, and the second
+    reused the first one's memory through the checkpoint: the pool holds the larger branch's,
+    not the sum of both, and nothing grew once both were recorded (`reserved`: the pool's
+    reserved bytes after each of 6 calls). Returns the two nodes."""
+    nodes = {n["function"]: n for n in info(device)["nodes"]}
+    true = next(n for name, n in nodes.items() if name.endswith(".cond1.true"))
+    false = next(n for name, n in nodes.items() if name.endswith(".cond1.false"))
+    assert true["parent"] == false["parent"] is not None  # siblings under the piece before
+    assert true["replays"] > 0 and false["replays"] > 0
+    assert min(true["pool_bytes"], false["pool_bytes"]) > 16 << 20
+    both = true["pool_bytes"] + false["pool_bytes"]
+    assert max(true["pool_bytes"], false["pool_bytes"]) <= reserved[-1] < both, (reserved, both)
+    assert reserved[-1] == reserved[3]
+    assert_invariants(device)
+    return true, false
+
+
 def test_tree_branch_form_records_each_branch_as_a_sibling_in_one_pool(device):
     torch._dynamo.reset()
     width = 1 << 16  # each branch's intermediates: 64 x 256 KiB = 16 MiB, well past a segment
 
-    def big(t):
-        tmp = torch.cat([t] * 64).reshape(64, -1)
-        return (tmp * tmp).sum(0) * 2 + 1
-
-    def other(t):
-        tmp = torch.cat([t] * 64).reshape(64, -1)
-        return (tmp + tmp).mean(0) - 1
-
     def f(x):
         y = x * 2 + 1
-        z = torch.cond(y.sum() > 0, big, other, (y,))
+        z = torch.cond(y.sum() > 0, _wide, _narrow, (y,))
         return z.relu() + 1
 
     compiled = torch.compile(f, backend=_tree_branch_backend())
@@ -757,19 +778,7 @@ def test_tree_branch_form_records_each_branch_as_a_sibling_in_one_pool(device):
         arg = x if k % 2 == 0 else -x
         assert_close(compiled(arg), f(arg))
         reserved.append(info(device)["pool"]["reserved_bytes"])
-    t = info(device)
-    nodes = {n["function"]: n for n in t["nodes"]}
-    true = next(n for name, n in nodes.items() if name.endswith(".cond1.true"))
-    false = next(n for name, n in nodes.items() if name.endswith(".cond1.false"))
-    assert true["parent"] == false["parent"] is not None  # siblings under the piece before
-    assert true["replays"] > 0 and false["replays"] > 0
-    # The second branch reused the first one's memory through the checkpoint: the pool holds
-    # the larger branch's, not the sum of both (each needs more than 16 MiB).
-    assert min(true["pool_bytes"], false["pool_bytes"]) > 16 << 20
-    both = true["pool_bytes"] + false["pool_bytes"]
-    assert max(true["pool_bytes"], false["pool_bytes"]) <= reserved[-1] < both, (reserved, both)
-    assert reserved[-1] == reserved[3]  # nothing grew once both branches were recorded
-    assert_invariants(device)
+    _assert_sibling_branches_share_the_pool(device, reserved)
 
 
 def test_tree_branch_form_in_a_training_step_with_backward(device):
@@ -847,16 +856,6 @@ def test_cond_form_is_checked():
         graphtrees.make_backend(name=3)
 
 
-def _wide(t):
-    tmp = torch.cat([t] * 64).reshape(64, -1)
-    return (tmp * tmp).sum(0) * 2 + 1
-
-
-def _narrow(t):
-    tmp = torch.cat([t] * 64).reshape(64, -1)
-    return (tmp + tmp).mean(0) - 1
-
-
 def test_a_function_recorded_whole_takes_the_tree_branch_form_when_asked(device):
     # Note [A wrapper's cond split into tree branches] (csrc/ThreadState.h): cudagraphify's
     # function is traced by torch.compile and split at the cond; the piece before it uses its
@@ -878,21 +877,14 @@ def test_a_function_recorded_whole_takes_the_tree_branch_form_when_asked(device)
         arg = x if k % 2 == 0 else -x - 2
         assert_close(g(arg, w), f(arg, w))
         reserved.append(info(device)["pool"]["reserved_bytes"])
+    true, false = _assert_sibling_branches_share_the_pool(device, reserved)
     nodes = {n["function"]: n for n in info(device)["nodes"]}
     before = next(
         n for name, n in nodes.items() if re.search(r"f\.graph\d+\.inference\[1/2\]$", name)
     )
     assert before["input_kinds"].count("S") == 1, before  # w, in place
-    true = next(n for name, n in nodes.items() if name.endswith(".cond1.true"))
-    false = next(n for name, n in nodes.items() if name.endswith(".cond1.false"))
     assert true["parent"] == false["parent"] == before["id"]
-    assert true["replays"] > 0 and false["replays"] > 0
-    both = true["pool_bytes"] + false["pool_bytes"]
-    assert min(true["pool_bytes"], false["pool_bytes"]) > 16 << 20
-    assert max(true["pool_bytes"], false["pool_bytes"]) <= reserved[-1] < both, (reserved, both)
-    assert reserved[-1] == reserved[3]
     assert g.signatures() == []  # every call went to the split form
-    assert_invariants(device)
 
 
 def test_the_tree_branch_form_of_a_function_has_no_bound_on_shapes_and_names_dynamos_reason():
