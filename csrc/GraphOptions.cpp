@@ -43,8 +43,9 @@ Verify verifyOption(const std::string& who, const py::object& value) {
 
 const std::vector<std::string>& graphOptionNames() {
   static const std::vector<std::string> names = {
-      "static_argnums", "warmup_iters", "rerecord_limit", "on_overwrite", "max_recorded_shapes",
-      "chain_limit",    "buckets",      "bucket_dim",     "cpu_replay",   "verify"};
+      "static_argnums",      "warmup_iters", "rerecord_limit", "on_overwrite",
+      "max_recorded_shapes", "chain_limit",  "buckets",        "bucket_dim",
+      "cpu_replay",          "verify",       "cond_form"};
   return names;
 }
 
@@ -113,6 +114,12 @@ GraphOptions validateOptions(const std::string& who, const py::dict& options,
                     py::repr(cpu_replay).cast<std::string>());
   o.cpu_replay = r == "python" ? CpuReplay::kPython : CpuReplay::kProgram;
   o.verify = verifyOption(who, options.contains("verify") ? get("verify", py::none()) : py::none());
+  const py::object cond_form = get("cond_form", py::str("auto"));
+  const std::string c = py::isinstance<py::str>(cond_form) ? cond_form.cast<std::string>() : "";
+  TORCH_CHECK_VALUE(c == "auto" || c == "tree-branch", who,
+                    ": cond_form must be 'auto' or 'tree-branch', got ",
+                    py::repr(cond_form).cast<std::string>());
+  o.cond_form = c == "tree-branch" ? CondForm::kTreeBranch : CondForm::kAuto;
   return o;
 }
 
@@ -130,6 +137,7 @@ py::dict toDict(const GraphOptions& o) {
   d["cpu_replay"] = o.cpu_replay == CpuReplay::kPython ? "python" : "program";
   d["verify"] = o.verify == Verify::kWarn ? py::object(py::str("warn"))
                                           : py::object(py::bool_(o.verify == Verify::kRaise));
+  d["cond_form"] = o.cond_form == CondForm::kTreeBranch ? "tree-branch" : "auto";
   return d;
 }
 

@@ -24,6 +24,12 @@ enum class CpuReplay : uint8_t { kProgram, kPython };
 // Verifier.h); GRAPHTREES_VERIFY=1 (or "warn") sets the default for a process.
 enum class Verify : uint8_t { kOff, kRaise, kWarn };
 
+// cond_form=: how a torch.cond is recorded where a conditional node cannot hold it, or always
+// split (Note [A wrapper's cond split into tree branches] in ThreadState.h). Read in Python
+// (graphtrees.cudagraphify, the compile backend); kept here so that it is checked with the
+// others and GraphedCallable.options shows it.
+enum class CondForm : uint8_t { kAuto, kTreeBranch };
+
 struct GraphOptions {
   std::vector<int64_t> static_argnums;
   int warmup_iters = 1;
@@ -36,6 +42,7 @@ struct GraphOptions {
   int64_t bucket_dim = 0;
   CpuReplay cpu_replay = CpuReplay::kProgram;
   Verify verify = Verify::kOff;
+  CondForm cond_form = CondForm::kAuto;
 };
 
 // The option names, in the order cudagraphify's signature lists them.

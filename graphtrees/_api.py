@@ -9,7 +9,7 @@ import torch
 from ._capture import capture
 from ._dynamo_backend import TreeBranchForm
 from ._ext import get_ext
-from ._graph_checks import CHOSEN_FORM, COND_FORMS
+from ._graph_checks import CHOSEN_FORM
 
 DeviceLike = str | torch.device
 
@@ -116,12 +116,8 @@ def cudagraphify(
     for unset in ("max_recorded_shapes", "verify"):
         if options[unset] is None:
             del options[unset]
-    if cond_form not in COND_FORMS:
-        raise ValueError(
-            f"graphtrees.cudagraphify: cond_form must be one of {COND_FORMS}, got {cond_form!r}"
-        )
     if fn is None:
-        return functools.partial(cudagraphify, name=name, cond_form=cond_form, **options)
+        return functools.partial(cudagraphify, name=name, **options)
     module = fn if isinstance(fn, torch.nn.Module) else None
     name = _name_of(fn) if name is None else name
     wrapped = get_ext().GraphedCallable(fn, options, module, name)

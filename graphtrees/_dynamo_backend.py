@@ -37,7 +37,6 @@ from ._ext import get_ext, has_ext
 from ._graph_checks import CHOSEN as _CHOSEN
 from ._graph_checks import (
     CHOSEN_FORM,
-    COND_FORMS,
     TREE_BRANCH,
     fsdp2_reason,
     node_reasons,
@@ -164,10 +163,6 @@ class _Options:
             object.__setattr__(self, "splitting_ops", SplittingOps.parse(self.splitting_ops))
         if self.splitting_ops.names and not self.piecewise:
             raise ValueError("graphtrees: splitting_ops needs piecewise=True")
-        if self.cond_form not in COND_FORMS:
-            raise ValueError(
-                f"graphtrees: cond_form must be one of {COND_FORMS}, got {self.cond_form!r}"
-            )
         object.__setattr__(self, "inner_options", dict(self.inner_options or {}))
         if has_ext():  # without it, the first compiled graph reports the missing build
             get_ext()._validate_options("graphtrees", self.graph_options, 1)
@@ -180,6 +175,7 @@ class _Options:
         # Inductor's CPU kernels are called outside the dispatcher, so a recorded op program
         # would miss them: graphs it compiled re-run on CPU replays (Note [CPU graphs]).
         options["cpu_replay"] = "python" if self.inner == "inductor" else "program"
+        options["cond_form"] = self.cond_form  # checked with the others, shown by each graph
         return options
 
 

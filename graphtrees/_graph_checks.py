@@ -227,7 +227,6 @@ CHOSEN = "splitting_ops entry"
 # as tree nodes of their own; the node is marked in its meta.
 TREE_BRANCH = "graphtrees_tree_branch"
 CHOSEN_FORM = "chosen by cond_form='tree-branch'"
-COND_FORMS = ("auto", "tree-branch")
 
 
 def _draws_random_numbers(gm: torch.nn.Module) -> str | None:

@@ -843,11 +843,17 @@ def test_a_branch_that_draws_random_numbers_takes_the_tree_branch_form_on_cuda()
     assert info(device)["num_replays"] > 0
 
 
-def test_cond_form_is_checked():
-    with pytest.raises(ValueError, match="cond_form"):
+def test_cond_form_is_checked_and_shown():
+    with pytest.raises(
+        ValueError, match="cond_form must be 'auto' or 'tree-branch', got 'branches'"
+    ):
         graphtrees.make_backend(cond_form="branches")
+    with pytest.raises(ValueError, match="cond_form must be 'auto' or 'tree-branch', got 3"):
+        cudagraphify(torch.sin, cond_form=3)
     with pytest.raises(ValueError, match="cond_form"):
-        cudagraphify(torch.sin, cond_form="branches")
+        cudagraphify(cond_form="branches")(torch.sin)
+    assert cudagraphify(torch.sin).options["cond_form"] == "auto"
+    assert cudagraphify(torch.sin, cond_form="tree-branch").options["cond_form"] == "tree-branch"
     with pytest.raises(ValueError, match="buckets"):
         cudagraphify(torch.sin, cond_form="tree-branch", buckets=[1, 2])
     with pytest.raises(ValueError, match="cpu_replay"):
