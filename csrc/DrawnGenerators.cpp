@@ -17,7 +17,7 @@ namespace graphtrees {
 // warmup notes the generators its ops drew from and the recording registers them too. A
 // generator first reached during the capture itself is still refused on 2.11 (the function
 // runs eagerly, with that reason). Weak references: a noted generator is not kept alive.
-DrawnGenerators::DrawnGenerators(c10::DeviceType type,
+DrawnGenerators::DrawnGenerators(std::optional<c10::DeviceType> type,
                                  std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>* seen)
     : CaptureWatcher(Needs{/*inputs=*/true, /*outputs=*/false}), type_(type), seen_(seen) {
   startWatching();
@@ -31,7 +31,7 @@ Descend DrawnGenerators::onStart(const ObservedOp& op, int /*level*/) {
   for (const c10::IValue& v : op.fn.inputs()) {
     if (!v.isGenerator()) continue;
     at::Generator gen = v.toGenerator();
-    if (!gen.defined() || gen.device().type() != type_) continue;
+    if (!gen.defined() || (type_ && gen.device().type() != *type_)) continue;
     c10::GeneratorImpl* impl = gen.unsafeGetGeneratorImpl();
     const bool known = std::any_of(seen_->begin(), seen_->end(), [&](const auto& weak) {
       return weak._unsafe_get_target() == impl && !weak.expired();

@@ -10,6 +10,7 @@
 #include <c10/core/DeviceType.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <optional>
 #include <vector>
 
 namespace graphtrees {
@@ -18,9 +19,9 @@ namespace graphtrees {
 // every op, nested ones included.
 class DrawnGenerators : public CaptureWatcher {
  public:
-  // Starts noting the generators on `type` that ops take as an argument, into `seen` (weak
-  // references, no duplicates; `seen` may already hold some).
-  DrawnGenerators(c10::DeviceType type,
+  // Starts noting the generators on `type` (any device: nullopt) that ops take as an argument,
+  // into `seen` (weak references, no duplicates; `seen` may already hold some).
+  DrawnGenerators(std::optional<c10::DeviceType> type,
                   std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>* seen);
   ~DrawnGenerators() override;
   DrawnGenerators(const DrawnGenerators&) = delete;
@@ -33,7 +34,7 @@ class DrawnGenerators : public CaptureWatcher {
  private:
   Descend onStart(const ObservedOp& op, int level) override;
 
-  c10::DeviceType type_;
+  std::optional<c10::DeviceType> type_;
   std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>>* seen_;
 };
 

@@ -133,6 +133,13 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
   const auto variantKey = [&](int64_t v) {
     return v < 0 ? flat.key : flat.key + '\x01' + std::to_string(v);
   };
+  const auto evict_lru = [&](const Signature& victim) {
+    return TreeRegistry::evictFunction(
+        victim.device, victim.record.id,
+        "'" + victim.record.name + "' is the least recently used of " +
+            std::to_string(signatures_.size()) + " recorded signatures of '" + name_ +
+            "' (max_recorded_shapes=" + std::to_string(options_.max_recorded_shapes) + ")");
+  };
   constexpr int kAttempts = 8;
   for (int attempt = 1;; ++attempt) {
     int64_t hole = -2;
@@ -153,20 +160,18 @@ std::shared_ptr<Signature> GraphedCallable::signatureFor(const FlatArgs& flat, c
         continue;
       }
       if (found->key_objects.matches(flat.key_objects)) {
-        if (auto sig = signatures_.find(k)) return sig;  // unless evicted since the peek
+        bool trim_due = false;
+        if (auto sig = signatures_.find(k, &trim_due)) {         // unless evicted since the peek
+          if (trim_due) signatures_.trim(evict_lru, sig.get());  // Note [Signatures past the bound]
+          return sig;
+        }
         if (hole == -2) hole = v;
       }
     }
     if (hole == -2) hole = max_variant_ + 1;
     const std::string key = variantKey(hole);
     signatures_.find(key);  // counts the call (none there): Note [Eviction without thrashing]
-    const SignatureCache::Room room = signatures_.makeRoom([&](const Signature& victim) {
-      return TreeRegistry::evictFunction(
-          victim.device, victim.record.id,
-          "'" + victim.record.name + "' is the least recently used of " +
-              std::to_string(signatures_.size()) + " recorded signatures of '" + name_ +
-              "' (max_recorded_shapes=" + std::to_string(options_.max_recorded_shapes) + ")");
-    });
+    const SignatureCache::Room room = signatures_.makeRoom(evict_lru);
     if (room == SignatureCache::Room::kThrashing) return nullptr;
     auto sig = std::make_shared<Signature>();
     sig->device = device;

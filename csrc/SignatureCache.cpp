@@ -68,9 +68,13 @@ std::vector<at::Tensor> Signature::learnResults(py::handle out, py::handle args,
   return outs;
 }
 
-std::shared_ptr<Signature> SignatureCache::find(const std::string& key) {
+std::shared_ptr<Signature> SignatureCache::find(const std::string& key, bool* trim_due) {
   std::lock_guard<std::mutex> guard(mutex_);
   ++use_counter_;
+  if (trim_due != nullptr) {
+    *trim_due =
+        max_ > 0 && signatures_.size() > static_cast<size_t>(max_) && use_counter_ >= next_trim_at_;
+  }
   auto it = signatures_.find(key);
   if (it == signatures_.end()) return nullptr;
   it->second->last_used = use_counter_;
@@ -133,30 +137,68 @@ size_t SignatureCache::size() const {
 SignatureCache::Room SignatureCache::makeRoom(
     const std::function<bool(const Signature& victim)>& evict) {
   constexpr uint64_t kIdleFactor = 4;
-  struct Candidate {
-    uint64_t last_used;
-    std::string key;
-    std::shared_ptr<Signature> sig;
-  };
   std::vector<Candidate> order;
   {
     std::lock_guard<std::mutex> guard(mutex_);
     if (max_ <= 0 || signatures_.size() < static_cast<size_t>(max_)) return Room::kRoom;
-    for (const auto& kv : signatures_) order.push_back({kv.second->last_used, kv.first, kv.second});
-    std::sort(order.begin(), order.end(), [](const Candidate& a, const Candidate& b) {
-      return std::tie(a.last_used, a.key) < std::tie(b.last_used, b.key);
-    });
+    order = lruOrder();
     const bool thrashing = !plain_lru_ && wasted_evictions_ >= max_;
     if (thrashing &&
         use_counter_ - order.front().last_used < kIdleFactor * static_cast<uint64_t>(max_)) {
       return Room::kThrashing;
     }
   }
+  // On past the first victim while the cache is still at or past the bound: a signature that
+  // threads racing for the room inserted past it (Note [Signatures and blocking calls]) goes
+  // with the next new one, so the bound holds again.
+  if (evictWhileAtLeast(order, static_cast<size_t>(max_), evict, nullptr)) return Room::kRoom;
+  return Room::kOverBound;  // every one is on a current path: the bound is exceeded for now
+}
+
+// Note [Signatures past the bound]
+// A new signature goes in past the bound when every recorded one is on a tree's current path
+// (another thread's call in flight, or the outputs it returned last): makeRoom says kOverBound.
+// With T threads calling one wrapper the cache may then hold up to max_recorded_shapes + T. The
+// next new signature evicts back down, but a workload whose calls all hit recorded signatures
+// makes none, and the recordings past the bound would stay for good. So a call that finds its
+// signature while the cache is past the bound trims it (the least recently used ones but its
+// own, evicted as makeRoom evicts). A trim that can evict none now (they are all still on
+// current paths) is not tried again for kTrimInterval calls: each try waits for the other
+// threads' tree locks, which replays must not pay on every call.
+void SignatureCache::trim(const std::function<bool(const Signature& victim)>& evict,
+                          const Signature* keep) {
+  std::vector<Candidate> order;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (max_ <= 0 || signatures_.size() <= static_cast<size_t>(max_)) return;
+    order = lruOrder();
+    next_trim_at_ = use_counter_ + kTrimInterval;  // no other thread tries meanwhile
+  }
+  if (evictWhileAtLeast(order, static_cast<size_t>(max_) + 1, evict, keep)) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    next_trim_at_ = 0;  // within the bound: the next time past it trims at once
+  }
+}
+
+std::vector<SignatureCache::Candidate> SignatureCache::lruOrder() const {
+  std::vector<Candidate> order;
+  order.reserve(signatures_.size());
+  for (const auto& kv : signatures_) order.push_back({kv.second->last_used, kv.first, kv.second});
+  std::sort(order.begin(), order.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.last_used, a.key) < std::tie(b.last_used, b.key);
+  });
+  return order;
+}
+
+bool SignatureCache::evictWhileAtLeast(const std::vector<Candidate>& order, size_t below,
+                                       const std::function<bool(const Signature& victim)>& evict,
+                                       const Signature* keep) {
   // Note [Signatures and blocking calls]: `evict` runs with nothing of the cache held.
   for (const Candidate& candidate : order) {
+    if (candidate.sig.get() == keep) continue;
     {
       std::lock_guard<std::mutex> guard(mutex_);
-      if (signatures_.size() < static_cast<size_t>(max_)) return Room::kRoom;  // another thread
+      if (signatures_.size() < below) return true;  // another thread made room
       auto it = signatures_.find(candidate.key);
       if (it == signatures_.end() || it->second != candidate.sig) continue;  // evicted meanwhile
     }
@@ -165,15 +207,9 @@ SignatureCache::Room SignatureCache::makeRoom(
     wasted_evictions_ = candidate.sig->record.replays == 0 ? wasted_evictions_ + 1 : 0;
     auto it = signatures_.find(candidate.key);
     if (it != signatures_.end() && it->second == candidate.sig) signatures_.erase(it);
-    // On to the next one while the cache is still at or past the bound: a signature that threads
-    // racing for the room inserted past it (Note [Signatures and blocking calls]) goes with the
-    // next new one, so the bound holds again.
   }
-  {
-    std::lock_guard<std::mutex> guard(mutex_);
-    if (signatures_.size() < static_cast<size_t>(max_)) return Room::kRoom;
-  }
-  return Room::kOverBound;  // every one is on a current path: the bound is exceeded for now
+  std::lock_guard<std::mutex> guard(mutex_);
+  return signatures_.size() < below;
 }
 
 }  // namespace graphtrees

@@ -56,8 +56,9 @@ class SignatureCache {
       : max_(max_recorded_shapes), plain_lru_(plain_lru) {}
 
   // The signature of `key`, or nullptr; counts one use either way. Shared, so that a call in
-  // flight keeps its signature even if another thread evicts it.
-  std::shared_ptr<Signature> find(const std::string& key);
+  // flight keeps its signature even if another thread evicts it. `trim_due`, when given, says
+  // whether the cache is past its bound and trim() is due (Note [Signatures past the bound]).
+  std::shared_ptr<Signature> find(const std::string& key, bool* trim_due = nullptr);
   // The signature of `key`, or nullptr, without counting a use.
   std::shared_ptr<Signature> peek(const std::string& key) const;
 
@@ -70,6 +71,10 @@ class SignatureCache {
   // `evict` (which removes its recordings from their trees, may block, and returns false while one
   // is on a current path: the next candidate is tried). Called with nothing of the cache held.
   Room makeRoom(const std::function<bool(const Signature& victim)>& evict);
+  // Evicts the least recently used signatures but `keep` through `evict` until the cache is
+  // within its bound again, or none can go now (then it is due again kTrimInterval calls later):
+  // Note [Signatures past the bound]. Called with nothing of the cache held.
+  void trim(const std::function<bool(const Signature& victim)>& evict, const Signature* keep);
   // Adds `sig` under `key` and returns it; or returns the signature another thread added under
   // `key` first; or nullptr when the cache is at its bound again and `over_bound` is false (make
   // room again).
@@ -86,12 +91,27 @@ class SignatureCache {
   int maxRecordedShapes() const { return max_; }
 
  private:
+  struct Candidate {
+    uint64_t last_used;
+    std::string key;
+    std::shared_ptr<Signature> sig;
+  };
+  // The signatures, least recently used first (the mutex held).
+  std::vector<Candidate> lruOrder() const;
+  // Evicts the candidates in `order` but `keep` through `evict` while the cache holds `below` or
+  // more; whether it holds fewer in the end.
+  bool evictWhileAtLeast(const std::vector<Candidate>& order, size_t below,
+                         const std::function<bool(const Signature& victim)>& evict,
+                         const Signature* keep);
+
+  static constexpr uint64_t kTrimInterval = 64;
   const int max_;
   const bool plain_lru_;
   mutable std::mutex mutex_;  // guards everything below
   uint64_t use_counter_ = 0;  // calls (one tick each)
   // Evictions in a row that threw away a recording that never replayed.
   int wasted_evictions_ = 0;
+  uint64_t next_trim_at_ = 0;  // use_counter_ from which trim() is due while past the bound
   std::unordered_map<std::string, std::shared_ptr<Signature>> signatures_;
 };
 

@@ -147,6 +147,18 @@ def _cpu_totals():
     return list(get_ext()._cpu_pool_totals())
 
 
+# Each test ends with full garbage collections (clean_trees, below), so that cycles holding pool
+# tensors die before the pools are checked. With torch, transformers and diffusers loaded, a full
+# collection walked some 400,000 objects (0.2-0.5 s) and the three of each test were most of the
+# suite's time. What exists once the tests are collected (the libraries, the test modules) is
+# moved out of the collector's sight (gc.freeze): it lives for the whole run, holds no pool tensor
+# (no test has run yet), and a cycle through it would only show as a failed pool check, never hide
+# one. The collections then walk what the tests made.
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def clean_trees():
     """Every test starts and ends without trees; after reset() no pool block may stay alive."""

@@ -269,6 +269,34 @@ def test_phased_shapes_still_evict_least_recently_used(tree_logs):
     assert "Pass buckets=[...]" not in tree_logs.text
 
 
+def test_signatures_past_the_bound_are_trimmed_by_the_next_hit(tree_logs):
+    # Note [Signatures past the bound]: a new shape whose call finds every recorded signature on
+    # the current path goes in past max_recorded_shapes; the next call that finds its signature
+    # evicts back down to the bound, although no new shape comes (before, the extra recording
+    # stayed for good).
+    g = cudagraphify(lambda x: torch.cat([x, x]) * 2, max_recorded_shapes=2, name="f")
+    for _ in range(3):  # rows 1 and 2 recorded and replayed, 1 -> 2 a chain in one step
+        graphtrees.mark_step_begin()
+        assert_close(g(g(torch.ones(1, 4))), torch.full((4, 4), 4.0))
+    graphtrees.mark_step_begin()
+    a = g(torch.ones(1, 4))
+    b = g(a)
+    c = g(b)  # rows 4: a new shape while 1 and 2 are on the path
+    assert_close(c, torch.full((8, 4), 8.0))
+    assert len(g.signatures()) == 3 and info("cpu")["num_evictions"] == 0
+    del a, b, c
+    graphtrees.mark_step_begin()
+    assert_close(g(torch.ones(1, 4)), torch.full((2, 4), 2.0))  # a hit: rows 1
+    names = [s["name"] for s in g.signatures()]
+    assert len(names) == 2 and info("cpu")["num_evictions"] == 1
+    # Rows 1 (the call's own) stays. Rows 2 is still on the path, which the call ends when it
+    # runs, after the trim; rows 4 (warmed up, never recorded) is the one that goes.
+    assert sorted(names) == ["f", "f#1"]
+    assert sorted(n["function"] for n in info("cpu")["nodes"]) == ["f", "f#1"]
+    assert_close(g(g(torch.ones(1, 4))), torch.full((4, 4), 4.0))
+    assert_invariants("cpu")
+
+
 def test_out_of_memory_after_a_new_step_runs_on_the_inputs_copies(tree_logs):
     # y is a replayed output of big from an earlier step, passed to a function whose warmup then
     # reuses y's memory (y is invalidated and the warmup runs on a copy) and runs out of memory:

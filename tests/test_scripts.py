@@ -140,8 +140,15 @@ def test_gpu_check_stops_a_stage_with_sigint_so_pytest_prints_its_summary(tmp_pa
         f"def test_hangs():\n    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(120)\n"
     )
     cmd = [sys.executable, "-m", "pytest", "-v", "--tb=short", "-rfE", "-p", "no:cacheprovider"]
+    # SIGINT at its default in the child, as `timeout` leaves it for the command it starts: a run
+    # of this suite started in the background by a shell without job control (`cmd &`) ignores
+    # SIGINT, which the child would inherit, and Python then installs no KeyboardInterrupt.
     p = subprocess.Popen(
-        [*cmd, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*cmd, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120

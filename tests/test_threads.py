@@ -53,6 +53,16 @@ for t in threads:
 for t in threads:
     t.join()
 print("signatures", len(g.signatures()))
+# The threads have exited: calls of one thread bring the cache back within its bound (Note
+# [Signatures past the bound]), also calls that find their signatures.
+with torch.no_grad():
+    for i in range(200):
+        graphtrees.mark_step_begin()
+        b = sizes[i % 2]
+        y = g(torch.full((b, 8), float(b), device=device))
+        if check_values and not bool((y.cpu() == 2 * b + 1).all()):
+            wrong.append((b, "after"))
+print("settled", len(g.signatures()))
 print("wrong", len(wrong), wrong[:3])
 print("errors", len(errors), errors[:3])
 """
@@ -74,8 +84,11 @@ def test_threads_sharing_a_wrapper_that_evicts_do_not_crash(device):
     lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
     assert lines["errors"].startswith("0 "), lines["errors"]
     assert lines["wrong"].startswith("0 "), lines["wrong"]
-    # The bound holds: no signature was inserted past a concurrent eviction, none orphaned.
-    assert int(lines["signatures"]) <= 2, lines["signatures"]
+    # A signature goes in past the bound only while every recorded one is on a current path
+    # (Note [Signatures past the bound]): here at most one per thread, each call's path holding
+    # one node. None is orphaned, and the calls of one thread bring the cache back within it.
+    assert int(lines["signatures"]) <= 2 + 4, lines["signatures"]
+    assert int(lines["settled"]) <= 2, lines["settled"]
 
 
 def _run_threads_script(script, device, timeout=300):

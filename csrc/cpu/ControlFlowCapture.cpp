@@ -1,6 +1,7 @@
 #include "cpu/ControlFlowCapture.h"
 
 #include "CaptureObserver.h"
+#include "DrawnGenerators.h"
 #include "RngStates.h"
 #include "cpu/OpProgram.h"
 #include "cpu/ProgramRecorder.h"
@@ -61,21 +62,9 @@ thread_local std::vector<std::unique_ptr<HeldGenerators>> tls_rng;
 // cannot hold its draws: torch >= 2.12 refuses them, and graphtrees' own capture on 2.11 would
 // advance it on every replay, whichever branch ran). Draws from the default generator pass none:
 // graphtrees._control_flow._Draws reads its offset.
-class TakenGenerators : public CaptureWatcher {
- public:
-  TakenGenerators() : CaptureWatcher(Needs{/*inputs=*/true, /*outputs=*/false}) { startWatching(); }
-  ~TakenGenerators() override { stopWatching(); }
-  TakenGenerators(const TakenGenerators&) = delete;
-  TakenGenerators& operator=(const TakenGenerators&) = delete;
-  bool taken = false;
-
- private:
-  Descend onStart(const ObservedOp& op, int /*level*/) override {
-    for (const c10::IValue& v : op.fn.inputs()) {
-      taken = taken || (v.isGenerator() && v.toGenerator().defined());
-    }
-    return Descend::kNested;
-  }
+struct TakenGenerators {
+  std::vector<c10::weak_intrusive_ptr<c10::GeneratorImpl>> taken;
+  DrawnGenerators watch{std::nullopt, &taken};  // generators of any device
 };
 thread_local std::vector<std::unique_ptr<TakenGenerators>> tls_taken;
 
@@ -118,7 +107,7 @@ bool cpuControlFlowEvent(const std::string& event, const std::vector<at::Tensor>
   }
   if (event == "generators_taken") {
     TORCH_INTERNAL_ASSERT(!tls_taken.empty(), "graphtrees: generators_taken without a watch");
-    const bool taken = tls_taken.back()->taken;
+    const bool taken = !tls_taken.back()->taken.empty();
     tls_taken.pop_back();
     return taken;
   }
