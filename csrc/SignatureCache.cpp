@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <stdexcept>
 #include <tuple>
 #include <utility>
@@ -136,7 +137,6 @@ size_t SignatureCache::size() const {
 // forwards', and a forward that runs eagerly must not leave its graphed backward waiting.
 SignatureCache::Room SignatureCache::makeRoom(
     const std::function<bool(const Signature& victim)>& evict) {
-  constexpr uint64_t kIdleFactor = 4;
   std::vector<Candidate> order;
   {
     std::lock_guard<std::mutex> guard(mutex_);
@@ -151,7 +151,9 @@ SignatureCache::Room SignatureCache::makeRoom(
   // On past the first victim while the cache is still at or past the bound: a signature that
   // threads racing for the room inserted past it (Note [Signatures and blocking calls]) goes
   // with the next new one, so the bound holds again.
-  if (evictWhileAtLeast(order, static_cast<size_t>(max_), evict, nullptr)) return Room::kRoom;
+  if (evictWhileAtLeast(order, static_cast<size_t>(max_), evict, nullptr, /*wasted=*/true)) {
+    return Room::kRoom;
+  }
   return Room::kOverBound;  // every one is on a current path: the bound is exceeded for now
 }
 
@@ -160,21 +162,37 @@ SignatureCache::Room SignatureCache::makeRoom(
 // (another thread's call in flight, or the outputs it returned last): makeRoom says kOverBound.
 // With T threads calling one wrapper the cache may then hold up to max_recorded_shapes + T. The
 // next new signature evicts back down, but a workload whose calls all hit recorded signatures
-// makes none, and the recordings past the bound would stay for good. So a call that finds its
-// signature while the cache is past the bound trims it (the least recently used ones but its
-// own, evicted as makeRoom evicts). A trim that can evict none now (they are all still on
-// current paths) is not tried again for kTrimInterval calls: each try waits for the other
-// threads' tree locks, which replays must not pay on every call.
+// makes none, and recordings nothing uses any more (those of threads that have exited, of shapes
+// gone by) would stay for good. So a call that finds its signature while the cache is past the
+// bound trims it: the least recently used signatures that have gone idle (unused for
+// kIdleFactor * max_recorded_shapes calls), never its own, are evicted as makeRoom evicts. Only
+// idle ones: a workload that keeps more signatures than the bound on its path (a step that
+// chains more shapes, pending backwards holding their forwards) keeps using them, and evicting
+// them before they record would make them eager by the thrashing rule; for the same reason a
+// trim's evictions do not count towards thrashing. While none is idle the next trim is due when
+// the first one goes idle; a trim that evicted too few (the idle ones still on a path) is tried
+// again kTrimInterval calls later: each try waits for the other threads' tree locks, which
+// replays must not pay on every call.
 void SignatureCache::trim(const std::function<bool(const Signature& victim)>& evict,
                           const Signature* keep) {
-  std::vector<Candidate> order;
+  std::vector<Candidate> idle;
   {
     std::lock_guard<std::mutex> guard(mutex_);
     if (max_ <= 0 || signatures_.size() <= static_cast<size_t>(max_)) return;
-    order = lruOrder();
-    next_trim_at_ = use_counter_ + kTrimInterval;  // no other thread tries meanwhile
+    const uint64_t idle_after = kIdleFactor * static_cast<uint64_t>(max_);
+    uint64_t first_idle_at = std::numeric_limits<uint64_t>::max();
+    for (Candidate& c : lruOrder()) {
+      if (use_counter_ - c.last_used >= idle_after) {
+        idle.push_back(std::move(c));
+      } else {
+        first_idle_at = std::min(first_idle_at, c.last_used + idle_after);
+      }
+    }
+    // None idle yet: due when the first one goes idle. Otherwise, unless it ends within the
+    // bound, kTrimInterval calls later.
+    next_trim_at_ = idle.empty() ? first_idle_at : use_counter_ + kTrimInterval;
   }
-  if (evictWhileAtLeast(order, static_cast<size_t>(max_) + 1, evict, keep)) {
+  if (evictWhileAtLeast(idle, static_cast<size_t>(max_) + 1, evict, keep, /*wasted=*/false)) {
     std::lock_guard<std::mutex> guard(mutex_);
     next_trim_at_ = 0;  // within the bound: the next time past it trims at once
   }
@@ -192,7 +210,7 @@ std::vector<SignatureCache::Candidate> SignatureCache::lruOrder() const {
 
 bool SignatureCache::evictWhileAtLeast(const std::vector<Candidate>& order, size_t below,
                                        const std::function<bool(const Signature& victim)>& evict,
-                                       const Signature* keep) {
+                                       const Signature* keep, bool wasted) {
   // Note [Signatures and blocking calls]: `evict` runs with nothing of the cache held.
   for (const Candidate& candidate : order) {
     if (candidate.sig.get() == keep) continue;
@@ -204,7 +222,7 @@ bool SignatureCache::evictWhileAtLeast(const std::vector<Candidate>& order, size
     }
     if (!evict(*candidate.sig)) continue;
     std::lock_guard<std::mutex> guard(mutex_);
-    wasted_evictions_ = candidate.sig->record.replays == 0 ? wasted_evictions_ + 1 : 0;
+    if (wasted) wasted_evictions_ = candidate.sig->record.replays == 0 ? wasted_evictions_ + 1 : 0;
     auto it = signatures_.find(candidate.key);
     if (it != signatures_.end() && it->second == candidate.sig) signatures_.erase(it);
   }

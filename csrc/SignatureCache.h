@@ -71,9 +71,10 @@ class SignatureCache {
   // `evict` (which removes its recordings from their trees, may block, and returns false while one
   // is on a current path: the next candidate is tried). Called with nothing of the cache held.
   Room makeRoom(const std::function<bool(const Signature& victim)>& evict);
-  // Evicts the least recently used signatures but `keep` through `evict` until the cache is
-  // within its bound again, or none can go now (then it is due again kTrimInterval calls later):
-  // Note [Signatures past the bound]. Called with nothing of the cache held.
+  // Evicts the least recently used signatures that have gone unused for a while, never `keep`,
+  // through `evict` until the cache is within its bound again; when it is not, it is due again
+  // once one goes idle, or kTrimInterval calls later (Note [Signatures past the bound]). Called
+  // with nothing of the cache held.
   void trim(const std::function<bool(const Signature& victim)>& evict, const Signature* keep);
   // Adds `sig` under `key` and returns it; or returns the signature another thread added under
   // `key` first; or nullptr when the cache is at its bound again and `over_bound` is false (make
@@ -99,11 +100,15 @@ class SignatureCache {
   // The signatures, least recently used first (the mutex held).
   std::vector<Candidate> lruOrder() const;
   // Evicts the candidates in `order` but `keep` through `evict` while the cache holds `below` or
-  // more; whether it holds fewer in the end.
+  // more; whether it holds fewer in the end. `wasted`: evictions of recordings that never
+  // replayed count towards thrashing (Note [Eviction without thrashing]).
   bool evictWhileAtLeast(const std::vector<Candidate>& order, size_t below,
                          const std::function<bool(const Signature& victim)>& evict,
-                         const Signature* keep);
+                         const Signature* keep, bool wasted);
 
+  // A signature unused for kIdleFactor * max_ calls has gone idle (Note [Eviction without
+  // thrashing], Note [Signatures past the bound]).
+  static constexpr uint64_t kIdleFactor = 4;
   static constexpr uint64_t kTrimInterval = 64;
   const int max_;
   const bool plain_lru_;

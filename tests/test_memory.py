@@ -269,31 +269,52 @@ def test_phased_shapes_still_evict_least_recently_used(tree_logs):
     assert "Pass buckets=[...]" not in tree_logs.text
 
 
-def test_signatures_past_the_bound_are_trimmed_by_the_next_hit(tree_logs):
+def _chain(g, calls):
+    """One step of `calls` calls of g on its own outputs: rows 1 -> 2 -> 4 -> ..."""
+    graphtrees.mark_step_begin()
+    outs = [g(torch.ones(1, 4))]
+    for _ in range(calls - 1):
+        outs.append(g(outs[-1]))
+    assert_close(outs[-1], torch.full((2**calls, 4), 2.0**calls))
+    return outs
+
+
+def test_signatures_past_the_bound_are_trimmed_once_idle(tree_logs):
     # Note [Signatures past the bound]: a new shape whose call finds every recorded signature on
-    # the current path goes in past max_recorded_shapes; the next call that finds its signature
-    # evicts back down to the bound, although no new shape comes (before, the extra recording
-    # stayed for good).
+    # the current path goes in past max_recorded_shapes. Once it has gone idle, a call that finds
+    # its own signature evicts back down to the bound, although no new shape comes (before, the
+    # extra recording stayed for good).
     g = cudagraphify(lambda x: torch.cat([x, x]) * 2, max_recorded_shapes=2, name="f")
-    for _ in range(3):  # rows 1 and 2 recorded and replayed, 1 -> 2 a chain in one step
-        graphtrees.mark_step_begin()
-        assert_close(g(g(torch.ones(1, 4))), torch.full((4, 4), 4.0))
-    graphtrees.mark_step_begin()
-    a = g(torch.ones(1, 4))
-    b = g(a)
-    c = g(b)  # rows 4: a new shape while 1 and 2 are on the path
-    assert_close(c, torch.full((8, 4), 8.0))
-    assert len(g.signatures()) == 3 and info("cpu")["num_evictions"] == 0
-    del a, b, c
-    graphtrees.mark_step_begin()
-    assert_close(g(torch.ones(1, 4)), torch.full((2, 4), 2.0))  # a hit: rows 1
-    names = [s["name"] for s in g.signatures()]
-    assert len(names) == 2 and info("cpu")["num_evictions"] == 1
-    # Rows 1 (the call's own) stays. Rows 2 is still on the path, which the call ends when it
-    # runs, after the trim; rows 4 (warmed up, never recorded) is the one that goes.
-    assert sorted(names) == ["f", "f#1"]
-    assert sorted(n["function"] for n in info("cpu")["nodes"]) == ["f", "f#1"]
-    assert_close(g(g(torch.ones(1, 4))), torch.full((4, 4), 4.0))
+    for _ in range(3):  # rows 1 and 2 recorded and replayed, the call on 1 row feeding 2 rows
+        _chain(g, 2)
+    for _ in range(3):  # then rows 4 too, past the bound: 1 and 2 are on the path
+        _chain(g, 3)
+    t = info("cpu")
+    assert len(g.signatures()) == 3 and t["num_evictions"] == 0 and t["num_fallbacks"] == 0
+    replays = t["num_replays"]
+    for _ in range(5):  # rows 4 goes unused; 10 calls > 4 * max_recorded_shapes
+        _chain(g, 2)
+    t = info("cpu")
+    assert sorted(s["name"] for s in g.signatures()) == ["f", "f#1"]
+    assert t["num_evictions"] == 1 and t["num_replays"] == replays + 10
+    assert "'f#2' is the least recently used of 3 recorded signatures" in tree_logs.text
+    assert_invariants("cpu")
+
+
+def test_signatures_past_the_bound_that_stay_in_use_keep_replaying(tree_logs):
+    # Each step chains three shapes with max_recorded_shapes=2: the third always goes in past the
+    # bound and must record and replay, not be trimmed before it records and then run eagerly by
+    # the thrashing rule (review of the trim).
+    g = cudagraphify(lambda x: torch.cat([x, x]) * 2, max_recorded_shapes=2, name="f")
+    for _ in range(3):
+        _chain(g, 2)
+    for _ in range(20):
+        _chain(g, 3)
+    t = info("cpu")
+    assert t["num_fallbacks"] == 0 and t["num_evictions"] == 0
+    # 2 replays before; then rows 1 and 2 replay in every step, rows 4 from the third on
+    assert t["num_recordings"] == 3 and t["num_replays"] == 2 + 2 * 20 + 18
+    assert "keep coming" not in tree_logs.text
     assert_invariants("cpu")
 
 

@@ -408,30 +408,34 @@ def test_no_garbage_collection_of_graphtrees_while_another_thread_captures(devic
 # H6: wrapped.capture() froze the collector (gc.freeze()) and thawed it after (gc.unfreeze()),
 # which thaws every frozen object, those the application froze too (a server freezes its
 # start-up objects before it forks, to keep their pages shared). Now it freezes only when nothing
-# was frozen before.
+# was frozen before. In a fresh process: this suite freezes its own start-up objects (conftest).
+H6_SCRIPT = """
+import gc, sys
+import torch, graphtrees
+
+device = sys.argv[1]
+
+def capture():
+    f = graphtrees.cudagraphify(lambda x: x * 2, buckets=[2, 4])
+    reports = f.capture(torch.ones(3, 4, device=device), progress=False)
+    assert [r["status"] for r in reports] == ["recorded", "recorded"], reports
+
+capture()  # nothing frozen: capture() freezes while it records, and thaws what it froze
+print("unfrozen", gc.get_freeze_count())
+gc.freeze()  # the application's start-up objects
+frozen = gc.get_freeze_count()
+capture()
+# Still frozen after capture(): an unfreeze moves every frozen object back (the count drops to
+# 0). A frozen object that dies meanwhile leaves the count too, so it need not stay exact.
+print("frozen", frozen, gc.get_freeze_count())
+"""
+
+
 def test_capture_leaves_the_applications_frozen_objects_frozen(device):
-    import gc
-
-    import torch
-
-    import graphtrees
-
-    if gc.get_freeze_count():
-        pytest.skip("objects are frozen already in this process")
-    gc.freeze()  # the application's start-up objects
-    try:
-        frozen = gc.get_freeze_count()
-        assert frozen > 0
-        f = graphtrees.cudagraphify(lambda x: x * 2, buckets=[2, 4])
-        reports = f.capture(torch.ones(3, 4, device=device), progress=False)
-        assert [r["status"] for r in reports] == ["recorded", "recorded"], reports
-        # Still frozen after capture(): an unfreeze moves every frozen object back (the count
-        # drops to 0). A frozen object that dies meanwhile leaves the count too (one did, under
-        # ThreadSanitizer's timing: another test's thread let go of it), so the count need not
-        # stay exact.
-        assert gc.get_freeze_count() > frozen // 2, (gc.get_freeze_count(), frozen)
-    finally:
-        gc.unfreeze()
+    lines = _run_threads_script(H6_SCRIPT, device)
+    assert lines["unfrozen"] == "0", lines
+    before, after = (int(n) for n in lines["frozen"].split())
+    assert before > 0 and after > before // 2, lines
 
 
 # H7: the collector pause of captures re-enabled the collector when the last capture ended, even
