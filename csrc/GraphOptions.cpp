@@ -39,6 +39,16 @@ Verify verifyOption(const std::string& who, const py::object& value) {
   return Verify::kWarn;
 }
 
+// A str option that is `first` or `second`: whether it is `second`, or ValueError naming `who`
+// and the option.
+bool isSecondChoice(const std::string& who, const char* name, const py::object& value,
+                    const char* first, const char* second) {
+  const std::string s = py::isinstance<py::str>(value) ? value.cast<std::string>() : "";
+  TORCH_CHECK_VALUE(s == first || s == second, who, ": ", name, " must be '", first, "' or '",
+                    second, "', got ", py::repr(value).cast<std::string>());
+  return s == second;
+}
+
 }  // namespace
 
 const std::vector<std::string>& graphOptionNames() {
@@ -84,13 +94,10 @@ GraphOptions validateOptions(const std::string& who, const py::dict& options,
       who, "max_recorded_shapes", get("max_recorded_shapes", py::int_(0)), min_recorded_shapes));
   o.chain_limit =
       static_cast<int>(intOption(who, "chain_limit", get("chain_limit", py::int_(16)), 1));
-  const py::object policy = get("on_overwrite", py::str("raise"));
-  const bool is_str = py::isinstance<py::str>(policy);
-  const std::string p = is_str ? policy.cast<std::string>() : "";
-  TORCH_CHECK_VALUE(p == "raise" || p == "copy", who,
-                    ": on_overwrite must be 'raise' or 'copy', got ",
-                    py::repr(policy).cast<std::string>());
-  o.on_overwrite = p == "copy" ? OnOverwrite::kCopy : OnOverwrite::kRaise;
+  o.on_overwrite =
+      isSecondChoice(who, "on_overwrite", get("on_overwrite", py::str("raise")), "raise", "copy")
+          ? OnOverwrite::kCopy
+          : OnOverwrite::kRaise;
   const py::object buckets = get("buckets", py::none());
   if (!buckets.is_none()) {
     bool ok = py::isinstance<py::iterable>(buckets) && !py::isinstance<py::str>(buckets);
@@ -107,19 +114,15 @@ GraphOptions validateOptions(const std::string& who, const py::dict& options,
     o.buckets.erase(std::unique(o.buckets.begin(), o.buckets.end()), o.buckets.end());
   }
   o.bucket_dim = intOption(who, "bucket_dim", get("bucket_dim", py::int_(0)), 0);
-  const py::object cpu_replay = get("cpu_replay", py::str("program"));
-  const std::string r = py::isinstance<py::str>(cpu_replay) ? cpu_replay.cast<std::string>() : "";
-  TORCH_CHECK_VALUE(r == "program" || r == "python", who,
-                    ": cpu_replay must be 'program' or 'python', got ",
-                    py::repr(cpu_replay).cast<std::string>());
-  o.cpu_replay = r == "python" ? CpuReplay::kPython : CpuReplay::kProgram;
+  o.cpu_replay =
+      isSecondChoice(who, "cpu_replay", get("cpu_replay", py::str("program")), "program", "python")
+          ? CpuReplay::kPython
+          : CpuReplay::kProgram;
   o.verify = verifyOption(who, options.contains("verify") ? get("verify", py::none()) : py::none());
-  const py::object cond_form = get("cond_form", py::str("auto"));
-  const std::string c = py::isinstance<py::str>(cond_form) ? cond_form.cast<std::string>() : "";
-  TORCH_CHECK_VALUE(c == "auto" || c == "tree-branch", who,
-                    ": cond_form must be 'auto' or 'tree-branch', got ",
-                    py::repr(cond_form).cast<std::string>());
-  o.cond_form = c == "tree-branch" ? CondForm::kTreeBranch : CondForm::kAuto;
+  o.cond_form =
+      isSecondChoice(who, "cond_form", get("cond_form", py::str("auto")), "auto", "tree-branch")
+          ? CondForm::kTreeBranch
+          : CondForm::kAuto;
   return o;
 }
 
